@@ -1,0 +1,162 @@
+//! Managed concurrency (Nightcore §3.3, §4.1): per function, exponential
+//! moving averages of the invocation rate λ and the processing time t give
+//! the concurrency hint τ = λ·t. Pure arithmetic on timestamps, no clocks
+//! read here, so it is unit-tested directly.
+
+/// An exponential moving average; the first sample initialises it.
+#[derive(Clone, Copy, Debug)]
+pub struct Ema {
+    value: Option<f64>,
+    alpha: f64,
+}
+
+impl Ema {
+    pub fn new(alpha: f64) -> Ema {
+        Ema { value: None, alpha }
+    }
+
+    pub fn sample(&mut self, x: f64) {
+        self.value = Some(match self.value {
+            None => x,
+            Some(v) => v + self.alpha * (x - v),
+        });
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        self.value
+    }
+}
+
+/// Shortest inter-arrival interval counted: two calls in the same
+/// microsecond would otherwise give an infinite rate sample.
+const INTERVAL_NS_MIN: u64 = 1_000;
+
+#[derive(Clone, Debug)]
+pub struct ConcurrencyHint {
+    rate_per_s: Ema,
+    processing_s: Ema,
+    last_arrival_ns: Option<u64>,
+}
+
+impl ConcurrencyHint {
+    pub fn new(alpha: f64) -> ConcurrencyHint {
+        ConcurrencyHint { rate_per_s: Ema::new(alpha), processing_s: Ema::new(alpha), last_arrival_ns: None }
+    }
+
+    /// A call arrived at `now_ns`. The rate sample is 1/interval since the
+    /// previous arrival, as in Nightcore §4.1.
+    pub fn on_arrival(&mut self, now_ns: u64) {
+        if let Some(last) = self.last_arrival_ns {
+            let interval = now_ns.saturating_sub(last).max(INTERVAL_NS_MIN);
+            self.rate_per_s.sample(1e9 / interval as f64);
+        }
+        self.last_arrival_ns = Some(now_ns);
+    }
+
+    /// A call finished after `processing_ns` of processing: dispatch to
+    /// completion, less the time its own sub-calls spent queued.
+    pub fn on_processed(&mut self, processing_ns: u64) {
+        self.processing_s.sample(processing_ns as f64 / 1e9);
+    }
+
+    /// λ as of `now_ns`. Nightcore samples the rate only at arrivals, so after
+    /// a burst λ (and τ, and the pool) would stay high forever once calls
+    /// stop. Here a silence longer than the mean interval caps λ at
+    /// 1/silence, so an idle function's τ decays and its pool can shrink.
+    pub fn rate_per_s(&self, now_ns: u64) -> f64 {
+        let Some(rate) = self.rate_per_s.get() else { return 0.0 };
+        let Some(last) = self.last_arrival_ns else { return rate };
+        let silence_s = now_ns.saturating_sub(last) as f64 / 1e9;
+        if silence_s * rate > 1.0 {
+            1.0 / silence_s
+        } else {
+            rate
+        }
+    }
+
+    pub fn processing_s(&self) -> f64 {
+        self.processing_s.get().unwrap_or(0.0)
+    }
+
+    /// τ, clamped to `[max(min_workers, 1), max_workers]`. Never 0: a
+    /// function with queued calls must be able to run one (Nightcore's τ can
+    /// round to 0 and leave calls queued forever).
+    pub fn tau(&self, now_ns: u64, min_workers: u32, max_workers: u32) -> u32 {
+        let raw = (self.rate_per_s(now_ns) * self.processing_s()).ceil();
+        let lo = min_workers.max(1);
+        let hi = max_workers.max(lo);
+        if raw.is_nan() {
+            return lo;
+        }
+        (raw as u32).clamp(lo, hi)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn ema_first_sample_initialises() {
+        let mut e = Ema::new(0.5);
+        assert_eq!(e.get(), None);
+        e.sample(10.0);
+        assert_eq!(e.get(), Some(10.0));
+        e.sample(20.0);
+        assert_eq!(e.get(), Some(15.0));
+    }
+
+    #[test]
+    fn tau_is_rate_times_processing_time() {
+        let mut h = ConcurrencyHint::new(1e-3);
+        // 100 calls/s, 50 ms each: Little's law says 5 in flight.
+        for i in 0..100 {
+            h.on_arrival(i * 10 * MS);
+            h.on_processed(50 * MS);
+        }
+        assert_eq!(h.tau(99 * 10 * MS, 1, 64), 5);
+        // Clamped to max_workers.
+        assert_eq!(h.tau(99 * 10 * MS, 1, 3), 3);
+    }
+
+    #[test]
+    fn tau_never_zero() {
+        let h = ConcurrencyHint::new(1e-3);
+        assert_eq!(h.tau(0, 0, 8), 1);
+        let mut h = ConcurrencyHint::new(1e-3);
+        h.on_arrival(0);
+        h.on_arrival(1000 * MS);
+        h.on_processed(1_000); // 1 µs at 1 call/s: τ = 1e-6, rounds up to 1
+        assert_eq!(h.tau(1000 * MS, 0, 8), 1);
+    }
+
+    #[test]
+    fn rate_decays_when_idle() {
+        let mut h = ConcurrencyHint::new(1e-3);
+        for i in 0..1000 {
+            h.on_arrival(i * MS); // 1000 calls/s
+            h.on_processed(10 * MS);
+        }
+        let last = 999 * MS;
+        assert!((h.rate_per_s(last) - 1000.0).abs() < 1.0);
+        assert_eq!(h.tau(last, 1, 64), 10);
+        // Two seconds of silence: λ ≤ 0.5/s, so τ falls to the floor.
+        assert!(h.rate_per_s(last + 2000 * MS) <= 0.5);
+        assert_eq!(h.tau(last + 2000 * MS, 1, 64), 1);
+    }
+
+    #[test]
+    fn burst_raises_rate_quickly_even_with_small_alpha() {
+        let mut h = ConcurrencyHint::new(1e-3);
+        h.on_arrival(0);
+        h.on_arrival(1000 * MS); // 1/s
+        h.on_processed(100 * MS);
+        let t = 1000 * MS + 1;
+        for i in 0..8 {
+            h.on_arrival(t + i * 1000); // 1 µs apart: samples of 1e6/s
+        }
+        assert!(h.tau(t + 8000, 1, 64) > 4);
+    }
+}

@@ -1,0 +1,58 @@
+//! Engine settings. Defaults are what `staccato up` uses.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Where engine threads and the workers they feed run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Leave it to the kernel's scheduler.
+    Kernel,
+    /// I/O thread i runs on CPU i (mod the CPUs allowed), and so do the
+    /// workers whose channels it reads: a call that stays on one thread's
+    /// workers never has to wake another vCPU (see BENCHMARKS.md).
+    Packed,
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub listen: SocketAddr,
+    pub io_threads: usize,
+    /// A tmpfs directory for FIFOs and payload files.
+    pub ipc_dir: PathBuf,
+    /// Copies of deployed code and the functions' logs.
+    pub state_dir: PathBuf,
+    /// The repository's `runtimes/` directory (Python package, C host, C header).
+    pub runtimes_dir: PathBuf,
+    pub payload_len_max: usize,
+    /// EMA coefficient for λ and t (Nightcore §4.1 uses 1e-3).
+    pub ema_alpha: f64,
+    pub placement: Placement,
+    /// How long a waiting worker polls its channel before blocking.
+    pub worker_spin_us: u32,
+    /// How long an I/O thread polls for events before blocking, after it
+    /// dispatched a call whose reply may come back within microseconds.
+    pub engine_spin_us: u32,
+    pub python: String,
+    /// How long a registration waits for the function's launcher to come up.
+    pub launcher_ready_timeout_ms: u64,
+}
+
+impl EngineConfig {
+    pub fn new(listen: SocketAddr, ipc_dir: PathBuf, state_dir: PathBuf, runtimes_dir: PathBuf) -> EngineConfig {
+        EngineConfig {
+            listen,
+            io_threads: ipc::cpus_allowed().len().clamp(1, 8),
+            ipc_dir,
+            state_dir,
+            runtimes_dir,
+            payload_len_max: wire::PAYLOAD_LEN_MAX_DEFAULT,
+            ema_alpha: 1e-3,
+            placement: Placement::Packed,
+            worker_spin_us: 0,
+            engine_spin_us: 0,
+            python: "python3".into(),
+            launcher_ready_timeout_ms: 15_000,
+        }
+    }
+}

@@ -1,0 +1,619 @@
+//! An engine I/O thread: one epoll loop (mio) over its gateway connections,
+//! the worker channels it reads, and its mailbox (Nightcore §4.1, Figure 5).
+//!
+//! Architecture invariant: an I/O thread never blocks. Every fd it polls is
+//! non-blocking; pipe writes of one message cannot block (they are atomic and
+//! the pipes are sized for far more messages than a worker has in flight);
+//! payload files live on tmpfs, so reading and writing them is a memory copy.
+
+use crate::shared::{
+    lock, CallRecord, Cmd, Function, GatewayReply, LauncherState, Origin, Outcome, Payload, Shared,
+};
+use ipc::{MessageReader, ReadStatus};
+use mio::net::TcpStream;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use wire::message::{shm_file_name, Header, Kind, Message, INLINE_LEN_MAX};
+use wire::ErrorKind;
+
+pub(crate) const WAKER: Token = Token(0);
+
+/// Housekeeping (pool shrinking, launcher retries) runs this often, on
+/// thread 0 only.
+const TICK_NS: u64 = 100_000_000;
+
+struct Conn {
+    stream: TcpStream,
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    wants_write: bool,
+}
+
+struct Chan {
+    func: Arc<Function>,
+    worker_id: u32,
+    rx: File,
+    reader: MessageReader,
+}
+
+enum Entry {
+    Conn(Conn),
+    Chan(Chan),
+}
+
+pub(crate) struct IoThread {
+    idx: usize,
+    shared: Arc<Shared>,
+    poll: Poll,
+    entries: HashMap<Token, Entry>,
+    next_token: usize,
+    /// (deadline, call id) of calls this thread received.
+    timers: BinaryHeap<Reverse<(u64, u64)>>,
+    next_tick_ns: u64,
+    spin_until_ns: u64,
+    /// Connections with bytes to flush at the end of this loop iteration:
+    /// replies produced by one batch of events leave in one write.
+    dirty: Vec<Token>,
+}
+
+impl IoThread {
+    pub fn new(idx: usize, shared: Arc<Shared>, poll: Poll) -> IoThread {
+        IoThread {
+            idx,
+            shared,
+            poll,
+            entries: HashMap::new(),
+            next_token: 1,
+            timers: BinaryHeap::new(),
+            next_tick_ns: 0,
+            spin_until_ns: 0,
+            dirty: Vec::new(),
+        }
+    }
+
+    pub fn run(mut self) {
+        if let Some(cpu) = self.shared.cpu_of(self.idx) {
+            if let Err(e) = ipc::set_affinity(0, &[cpu]) {
+                log::warn!("pinning I/O thread {} to CPU {cpu}: {e}", self.idx);
+            }
+        }
+        let mut events = Events::with_capacity(256);
+        loop {
+            let timeout = self.poll_timeout();
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    log::error!("I/O thread {}: poll: {e}", self.idx);
+                }
+                continue;
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    WAKER => self.drain_mailbox(),
+                    t => self.on_ready(t, ev.is_readable() || ev.is_read_closed(), ev.is_writable()),
+                }
+            }
+            let now = ipc::monotonic_ns();
+            if !events.is_empty() && self.shared.cfg.engine_spin_us > 0 {
+                self.spin_until_ns = now + u64::from(self.shared.cfg.engine_spin_us) * 1000;
+            }
+            self.run_timers(now);
+            self.tick(now);
+            self.flush_dirty();
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Duration> {
+        let now = ipc::monotonic_ns();
+        if now < self.spin_until_ns {
+            return Some(Duration::ZERO);
+        }
+        let mut until = self.timers.peek().map(|Reverse((d, _))| *d);
+        if self.idx == 0 {
+            until = Some(until.map_or(self.next_tick_ns, |d| d.min(self.next_tick_ns)));
+        }
+        // Round up: a sub-millisecond wait must not become a busy loop.
+        until.map(|d| Duration::from_nanos(d.saturating_sub(now)).max(Duration::from_millis(1)))
+    }
+
+    fn token(&mut self) -> Token {
+        self.next_token += 1;
+        Token(self.next_token)
+    }
+
+    fn drain_mailbox(&mut self) {
+        let cmds = std::mem::take(&mut *lock(&self.shared.mailboxes[self.idx].queue));
+        for cmd in cmds {
+            match cmd {
+                Cmd::AdoptConn(s) => self.adopt_conn(s),
+                Cmd::AdoptChannel { func, worker_id, rx } => self.adopt_channel(func, worker_id, rx),
+                Cmd::DropChannel { func, worker_id } => {
+                    let t = self.entries.iter().find_map(|(t, e)| match e {
+                        Entry::Chan(c) if c.worker_id == worker_id && Arc::ptr_eq(&c.func, &func) => Some(*t),
+                        _ => None,
+                    });
+                    if let Some(t) = t {
+                        self.remove_entry(t);
+                        ipc::EngineChannel::remove_files(&func.dir, worker_id);
+                    }
+                }
+                Cmd::Reply { conn, frame } => self.queue_write(conn, &frame),
+            }
+        }
+    }
+
+    fn adopt_conn(&mut self, s: std::net::TcpStream) {
+        if let Err(e) = s.set_nonblocking(true) {
+            log::error!("gateway connection: {e}");
+            return;
+        }
+        let _ = s.set_nodelay(true);
+        let mut stream = TcpStream::from_std(s);
+        let t = self.token();
+        if let Err(e) = self.poll.registry().register(&mut stream, t, Interest::READABLE) {
+            log::error!("registering gateway connection: {e}");
+            return;
+        }
+        self.entries.insert(t, Entry::Conn(Conn { stream, rbuf: Vec::new(), wbuf: Vec::new(), wants_write: false }));
+    }
+
+    fn adopt_channel(&mut self, func: Arc<Function>, worker_id: u32, rx: File) {
+        let t = self.token();
+        let fd = rx.as_raw_fd();
+        if let Err(e) = self.poll.registry().register(&mut SourceFd(&fd), t, Interest::READABLE) {
+            log::error!("{}: registering channel {worker_id}: {e}", func.spec.name);
+            return;
+        }
+        self.entries.insert(t, Entry::Chan(Chan { func, worker_id, rx, reader: MessageReader::default() }));
+    }
+
+    fn remove_entry(&mut self, t: Token) -> Option<Entry> {
+        let e = self.entries.remove(&t)?;
+        let _ = match &e {
+            Entry::Conn(c) => self.poll.registry().deregister(&mut SourceFd(&c.stream.as_raw_fd())),
+            Entry::Chan(c) => self.poll.registry().deregister(&mut SourceFd(&c.rx.as_raw_fd())),
+        };
+        Some(e)
+    }
+
+    fn on_ready(&mut self, t: Token, readable: bool, writable: bool) {
+        match self.entries.get(&t) {
+            Some(Entry::Conn(_)) => {
+                if writable {
+                    self.flush(t);
+                }
+                if readable {
+                    self.read_conn(t);
+                }
+            }
+            Some(Entry::Chan(_)) => self.read_chan(t),
+            None => {}
+        }
+    }
+
+    // ---- worker and launcher channels ----
+
+    fn read_chan(&mut self, t: Token) {
+        let Some(Entry::Chan(c)) = self.entries.get_mut(&t) else { return };
+        let status = c.reader.fill(&c.rx);
+        let (func, worker_id) = (c.func.clone(), c.worker_id);
+        let mut msgs = Vec::new();
+        while let Some(m) = c.reader.next_message() {
+            msgs.push(m);
+        }
+        let mut closed = !matches!(status, Ok(ReadStatus::Drained));
+        for m in msgs {
+            if let Err(e) = self.on_message(&func, worker_id, m) {
+                log::error!("{}: channel {worker_id}: {e}; closing it", func.spec.name);
+                closed = true;
+                break;
+            }
+        }
+        if closed {
+            self.remove_entry(t);
+            self.channel_closed(&func, worker_id);
+        }
+    }
+
+    fn channel_closed(&mut self, func: &Arc<Function>, worker_id: u32) {
+        if worker_id == 0 {
+            self.launcher_gone(func);
+        } else {
+            let replies = self.shared.worker_gone(func, worker_id, self.idx);
+            self.send_replies(replies);
+        }
+    }
+
+    fn on_message(&mut self, func: &Arc<Function>, worker_id: u32, m: Message) -> Result<(), String> {
+        let h = m.header().map_err(|e| format!("malformed message: {e}"))?;
+        match (worker_id, h.kind) {
+            (0, Kind::LauncherHello) => self.on_launcher_hello(func, h.aux),
+            (w, Kind::WorkerHello) if w != 0 && h.worker_id == w => self.on_worker_hello(func, w, h.aux),
+            (w, Kind::Completion | Kind::Failure) if w != 0 => self.on_result(func, w, &h, &m),
+            (w, Kind::Invoke) if w != 0 => self.on_invoke(func, w, &h, &m),
+            (_, k) => return Err(format!("unexpected {k:?} message")),
+        }
+        Ok(())
+    }
+
+    fn on_launcher_hello(&mut self, func: &Arc<Function>, pid: u32) {
+        {
+            let mut core = lock(&func.core);
+            core.launcher.state = LauncherState::Ready;
+            core.launcher.pid = pid;
+            core.launcher.failed_at = None;
+            core.launcher.last_error.clear();
+        }
+        log::info!("{}: launcher ready (pid {pid})", func.spec.name);
+        let replies = self.shared.pump(func, self.idx);
+        self.send_replies(replies);
+    }
+
+    fn launcher_gone(&mut self, func: &Arc<Function>) {
+        let (dropped, never_ready) = {
+            let mut core = lock(&func.core);
+            let never_ready = core.launcher.state == LauncherState::Starting;
+            core.launcher.state = LauncherState::Down;
+            core.launcher.tx = None;
+            if never_ready {
+                core.launcher.failed_at = Some(std::time::Instant::now());
+                core.launcher.last_error = crate::supervisor::log_tail(&func.log_path);
+            }
+            let dropped = core.sched.drop_starting();
+            for id in &dropped {
+                core.workers.remove(id);
+            }
+            (dropped, never_ready)
+        };
+        ipc::EngineChannel::remove_files(&func.dir, 0);
+        for worker_id in dropped {
+            // Only its reader thread holds it; the others ignore the command.
+            for i in 0..self.shared.mailboxes.len() {
+                self.shared.post(i, Cmd::DropChannel { func: func.clone(), worker_id });
+            }
+        }
+        if never_ready {
+            log::error!("{}: launcher exited before it was ready", func.spec.name);
+        } else {
+            log::warn!("{}: launcher exited; restarting it", func.spec.name);
+        }
+        let replies = self.shared.pump(func, self.idx);
+        self.send_replies(replies);
+    }
+
+    fn on_worker_hello(&mut self, func: &Arc<Function>, worker_id: u32, pid: u32) {
+        let known = {
+            let mut core = lock(&func.core);
+            let ok = core.sched.worker_ready(worker_id, ipc::monotonic_ns());
+            if let Some(h) = core.workers.get_mut(&worker_id) {
+                h.pid = pid;
+            }
+            ok
+        };
+        if !known {
+            log::warn!("{}: hello from unexpected worker {worker_id}", func.spec.name);
+            return;
+        }
+        // Workers of a process-per-worker runtime run where their channel's
+        // reader runs (Placement::Packed); a Python process serves channels
+        // of every thread, so it is left to the kernel.
+        if func.spec.runtime == crate::spec::Runtime::C {
+            if let Some(cpu) = self.shared.cpu_of(self.idx) {
+                let _ = ipc::set_affinity(pid as i32, &[cpu]);
+            }
+        }
+        let replies = self.shared.pump(func, self.idx);
+        self.send_replies(replies);
+    }
+
+    fn on_result(&mut self, func: &Arc<Function>, worker_id: u32, h: &Header, m: &Message) {
+        let call_id = h.call_id;
+        let outcome = if h.kind == Kind::Completion {
+            Outcome::Ok(if h.in_shm() {
+                Payload::Shm(h.payload_len as usize)
+            } else {
+                Payload::Bytes(m.inline(h).to_vec())
+            })
+        } else {
+            let text = if h.in_shm() {
+                ipc::shm::take(&func.dir, &shm_file_name(call_id, Kind::Failure), h.payload_len as usize)
+                    .unwrap_or_default()
+            } else {
+                m.inline(h).to_vec()
+            };
+            let kind = ErrorKind::from_code(h.error_kind).unwrap_or(ErrorKind::FunctionError);
+            Outcome::Err(kind, String::from_utf8_lossy(&text).into_owned())
+        };
+        let now = ipc::monotonic_ns();
+        let rec = lock(&self.shared.calls).remove(&call_id);
+        {
+            let mut core = lock(&func.core);
+            let processing = rec
+                .as_ref()
+                .map_or(0, |r| now.saturating_sub(r.dispatch_ns).saturating_sub(r.sub_queue_ns));
+            core.sched.complete(worker_id, call_id, processing);
+            match outcome {
+                Outcome::Ok(_) => core.completed += 1,
+                Outcome::Err(..) => core.failed += 1,
+            }
+        }
+        let mut replies = Vec::new();
+        match rec {
+            Some(rec) => {
+                let label = match &outcome {
+                    Outcome::Ok(_) => "ok",
+                    Outcome::Err(k, _) => k.name(),
+                };
+                self.shared.trace(call_id, &rec, worker_id, label);
+                replies.extend(self.shared.deliver(call_id, rec, outcome, Some(&func.dir)));
+            }
+            // The call timed out meanwhile: drop its output.
+            None => {
+                if let Outcome::Ok(Payload::Shm(_)) = outcome {
+                    ipc::shm::remove(&func.dir, &shm_file_name(call_id, Kind::Completion));
+                }
+            }
+        }
+        // Answer first, then dispatch what waits: the reply is on the
+        // latency path, the next dispatch is not delayed by much.
+        self.send_replies(replies);
+        let replies = self.shared.pump(func, self.idx);
+        self.send_replies(replies);
+    }
+
+    fn on_invoke(&mut self, caller: &Arc<Function>, worker_id: u32, h: &Header, m: &Message) {
+        let inline = m.inline(h);
+        let name_len = usize::from(h.name_len);
+        let Some(tx) = lock(&caller.core).workers.get(&worker_id).map(|w| w.tx.clone()) else { return };
+        let reject = |kind: ErrorKind, msg: String| {
+            if h.in_shm() {
+                ipc::shm::remove(&caller.dir, &shm_file_name(h.call_id, Kind::Invoke));
+            }
+            let mut f = Header::new(Kind::Failure);
+            f.call_id = h.call_id;
+            f.error_kind = kind.code();
+            let mut b = msg.into_bytes();
+            b.truncate(INLINE_LEN_MAX);
+            f.payload_len = b.len() as u32;
+            let _ = ipc::write_message(&tx, &Message::new(&f, &b));
+        };
+        let name = String::from_utf8_lossy(&inline[..name_len]).into_owned();
+        let Some(callee) = self.shared.function(&name) else {
+            return reject(ErrorKind::NotFound, format!("no function named {name:?}"));
+        };
+        let max = self.shared.cfg.payload_len_max;
+        let input = if h.in_shm() {
+            let len = h.payload_len as usize;
+            if len > max {
+                return reject(ErrorKind::PayloadTooLarge, format!("input of {len} bytes exceeds the {max}-byte limit"));
+            }
+            let file = shm_file_name(h.call_id, Kind::Invoke);
+            if let Err(e) = ipc::shm::forward(&caller.dir, &callee.dir, &file) {
+                return reject(ErrorKind::BadRequest, format!("input payload file: {e}"));
+            }
+            Payload::Shm(len)
+        } else {
+            Payload::Bytes(inline[name_len..].to_vec())
+        };
+        let now_us = ipc::unix_us();
+        let mut deadline_us = now_us + callee.spec.timeout_ms * 1000;
+        if h.deadline_us != 0 {
+            deadline_us = deadline_us.min(h.deadline_us);
+        }
+        if deadline_us <= now_us {
+            return reject(ErrorKind::Timeout, "the caller's deadline has already passed".into());
+        }
+        if lock(&self.shared.calls).contains_key(&h.call_id) {
+            return reject(ErrorKind::BadRequest, format!("call id {:016x} is already in flight", h.call_id));
+        }
+        let rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, h.parent_call_id, deadline_us);
+        self.submit(h.call_id, rec);
+    }
+
+    fn submit(&mut self, call_id: u64, rec: CallRecord) {
+        let now_us = ipc::unix_us();
+        let deadline_ns = rec.recv_ns + rec.deadline_us.saturating_sub(now_us) * 1000;
+        self.timers.push(Reverse((deadline_ns, call_id)));
+        let replies = self.shared.submit(call_id, rec, self.idx);
+        self.send_replies(replies);
+    }
+
+    // ---- gateway connections ----
+
+    fn read_conn(&mut self, t: Token) {
+        let Some(Entry::Conn(c)) = self.entries.get_mut(&t) else { return };
+        let mut closed = false;
+        let mut chunk = [0u8; 64 * 1024];
+        loop {
+            match c.stream.read(&mut chunk) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => c.rbuf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        let mut frames = Vec::new();
+        let mut off = 0;
+        while c.rbuf.len() - off >= FRAME_HEADER_LEN {
+            let hb: &[u8; FRAME_HEADER_LEN] = c.rbuf[off..off + FRAME_HEADER_LEN].try_into().expect("32 bytes");
+            let fh = match FrameHeader::decode(hb) {
+                Ok(fh) => fh,
+                Err(e) => {
+                    log::error!("gateway connection: {e}; closing it");
+                    closed = true;
+                    break;
+                }
+            };
+            let end = off + FRAME_HEADER_LEN + fh.body_len as usize;
+            if c.rbuf.len() < end {
+                break;
+            }
+            frames.push((fh, c.rbuf[off + FRAME_HEADER_LEN..end].to_vec()));
+            off = end;
+        }
+        c.rbuf.drain(..off);
+        for (fh, body) in frames {
+            self.on_frame(t, fh, body);
+        }
+        if closed {
+            self.remove_entry(t);
+        }
+    }
+
+    fn on_frame(&mut self, conn: Token, fh: FrameHeader, body: Vec<u8>) {
+        if fh.kind != FrameKind::Call {
+            log::warn!("unexpected {:?} frame on a data connection", fh.kind);
+            return;
+        }
+        let name_len = (fh.b as usize).min(body.len());
+        let name = String::from_utf8_lossy(&body[..name_len]).into_owned();
+        let reject = |this: &mut Self, kind: ErrorKind, msg: String| {
+            let mut h = FrameHeader::new(FrameKind::Error, fh.call_id, msg.len());
+            h.error_kind = kind.code();
+            let mut frame = h.encode().to_vec();
+            frame.extend_from_slice(msg.as_bytes());
+            this.queue_write(conn, &frame);
+        };
+        let Some(func) = self.shared.function(&name) else {
+            return reject(self, ErrorKind::NotFound, format!("no function named {name:?}"));
+        };
+        let input = &body[name_len..];
+        let max = self.shared.cfg.payload_len_max;
+        if input.len() > max {
+            let msg = format!("input of {} bytes exceeds the {max}-byte limit", input.len());
+            return reject(self, ErrorKind::PayloadTooLarge, msg);
+        }
+        let mut timeout_ms = func.spec.timeout_ms;
+        if fh.a > 0 {
+            timeout_ms = timeout_ms.min(u64::from(fh.a));
+        }
+        let deadline_us = ipc::unix_us() + timeout_ms * 1000;
+        let origin = Origin::Gateway { thread: self.idx, conn };
+        let rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us);
+        self.submit(fh.call_id, rec);
+    }
+
+    fn send_replies(&mut self, replies: Vec<GatewayReply>) {
+        for r in replies {
+            if r.thread == self.idx {
+                self.queue_write(r.conn, &r.frame);
+            } else {
+                self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
+            }
+        }
+    }
+
+    fn queue_write(&mut self, t: Token, bytes: &[u8]) {
+        // The connection may be gone (the gateway went away): drop the reply.
+        if let Some(Entry::Conn(c)) = self.entries.get_mut(&t) {
+            if c.wbuf.is_empty() {
+                self.dirty.push(t);
+            }
+            c.wbuf.extend_from_slice(bytes);
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        for t in std::mem::take(&mut self.dirty) {
+            self.flush(t);
+        }
+    }
+
+    fn flush(&mut self, t: Token) {
+        let Some(Entry::Conn(c)) = self.entries.get_mut(&t) else { return };
+        let mut written = 0;
+        let mut failed = false;
+        while written < c.wbuf.len() {
+            match c.stream.write(&c.wbuf[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        c.wbuf.drain(..written);
+        let want = !c.wbuf.is_empty();
+        if want != c.wants_write {
+            c.wants_write = want;
+            let interest = if want { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+            let _ = self.poll.registry().reregister(&mut c.stream, t, interest);
+        }
+        if failed {
+            self.remove_entry(t);
+        }
+    }
+
+    // ---- time ----
+
+    fn run_timers(&mut self, now: u64) {
+        while let Some(Reverse((deadline, call_id))) = self.timers.peek().copied() {
+            if deadline > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(rec) = lock(&self.shared.calls).remove(&call_id) else { continue };
+            let func = rec.func.clone();
+            let timeout_ms = rec.deadline_us.saturating_sub(rec.recv_unix_us) / 1000;
+            let msg = match rec.worker {
+                Some((worker_id, pid)) => {
+                    // The worker may be stuck in a loop: recycle it. Its
+                    // channel closing then replaces it.
+                    let _ = ipc::kill(pid);
+                    format!(
+                        "function {} did not finish within {timeout_ms} ms; worker {worker_id} was recycled",
+                        func.spec.name
+                    )
+                }
+                None => format!("call to {} waited {timeout_ms} ms in the queue without running", func.spec.name),
+            };
+            lock(&func.core).failed += 1;
+            self.shared.trace(call_id, &rec, rec.worker.map_or(0, |w| w.0), ErrorKind::Timeout.name());
+            let reply = self.shared.deliver(call_id, rec, Outcome::Err(ErrorKind::Timeout, msg), None);
+            self.send_replies(reply.into_iter().collect());
+        }
+    }
+
+    fn tick(&mut self, now: u64) {
+        if self.idx != 0 || now < self.next_tick_ns {
+            return;
+        }
+        self.next_tick_ns = now + TICK_NS;
+        for f in self.shared.functions() {
+            let replies = self.shared.pump(&f, self.idx);
+            self.send_replies(replies);
+        }
+    }
+}
+
+fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, deadline_us: u64) -> CallRecord {
+    CallRecord {
+        func,
+        origin,
+        input: Some(input),
+        parent_call_id: parent,
+        deadline_us,
+        recv_ns: ipc::monotonic_ns(),
+        dispatch_ns: 0,
+        worker: None,
+        sub_queue_ns: 0,
+        cold: false,
+        recv_unix_us: ipc::unix_us(),
+    }
+}

@@ -1,0 +1,369 @@
+//! Per-function dispatch queue and worker pool bookkeeping (Nightcore
+//! §3.3, §4.1). Decisions only: no file descriptors, no clocks, no locks, so
+//! every rule here is unit-tested. The engine holds one `Scheduler` per
+//! function under that function's mutex and carries out what it decides.
+//!
+//! Rules:
+//! * a call is dispatched only to an idle worker, and only while fewer than
+//!   τ calls of the function are running;
+//! * the pool grows (up to `max_workers`) when calls wait and τ allows more
+//!   to run than there are idle or starting workers, and never drops below
+//!   `min_workers`;
+//! * the pool shrinks when it holds more than max(2τ, min_workers) workers,
+//!   by stopping idle ones, least recently used first.
+
+use crate::concurrency::ConcurrencyHint;
+use std::collections::{BTreeMap, VecDeque};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Asked for; its hello has not arrived.
+    Starting,
+    Idle,
+    Busy(u64),
+    /// Told to stop; its channel closing is expected, not a crash.
+    Stopping,
+}
+
+#[derive(Clone, Debug)]
+pub struct Worker {
+    pub state: WorkerState,
+    /// Index of the engine I/O thread that reads this worker's channel.
+    pub owner: usize,
+    /// When the worker became ready (monotonic ns), to tell cold calls.
+    pub ready_ns: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Scheduler {
+    pub min_workers: u32,
+    pub max_workers: u32,
+    hint: ConcurrencyHint,
+    queue: VecDeque<u64>,
+    workers: BTreeMap<u32, Worker>,
+    /// Idle workers, most recently used last.
+    idle: Vec<u32>,
+    running: u32,
+    pub running_max: u32,
+}
+
+/// What a worker's channel closing meant.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Removed {
+    /// It was told to stop, or never started: nothing to report.
+    Expected,
+    /// It died while idle.
+    Crashed,
+    /// It died running this call.
+    CrashedDuring(u64),
+    /// No such worker.
+    Unknown,
+}
+
+/// A snapshot for status reports and metrics.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SchedulerStatus {
+    pub tau: u32,
+    pub running: u32,
+    pub running_max: u32,
+    pub queued: usize,
+    pub idle: usize,
+    pub starting: usize,
+    pub pool: usize,
+    pub rate_per_s: f64,
+    pub processing_ms: f64,
+}
+
+impl Scheduler {
+    pub fn new(min_workers: u32, max_workers: u32, alpha: f64) -> Scheduler {
+        Scheduler {
+            min_workers,
+            max_workers,
+            hint: ConcurrencyHint::new(alpha),
+            queue: VecDeque::new(),
+            workers: BTreeMap::new(),
+            idle: Vec::new(),
+            running: 0,
+            running_max: 0,
+        }
+    }
+
+    pub fn tau(&self, now_ns: u64) -> u32 {
+        self.hint.tau(now_ns, self.min_workers, self.max_workers)
+    }
+
+    pub fn enqueue(&mut self, call_id: u64, now_ns: u64) {
+        self.hint.on_arrival(now_ns);
+        self.queue.push_back(call_id);
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn running(&self) -> u32 {
+        self.running
+    }
+
+    /// Picks the next queued call and an idle worker for it, if τ allows.
+    /// Prefers a worker read by I/O thread `prefer_owner`, so the reply comes
+    /// back to the thread (and vCPU) that is already awake.
+    pub fn next_dispatch(&mut self, now_ns: u64, prefer_owner: usize) -> Option<(u64, u32)> {
+        if self.queue.is_empty() || self.idle.is_empty() || self.running >= self.tau(now_ns) {
+            return None;
+        }
+        let pos = self
+            .idle
+            .iter()
+            .rposition(|w| self.workers.get(w).is_some_and(|x| x.owner == prefer_owner))
+            .unwrap_or(self.idle.len() - 1);
+        let worker = self.idle.remove(pos);
+        let call = self.queue.pop_front()?;
+        self.workers.get_mut(&worker)?.state = WorkerState::Busy(call);
+        self.running += 1;
+        self.running_max = self.running_max.max(self.running);
+        Some((call, worker))
+    }
+
+    /// Undoes `next_dispatch` when the call turned out to be gone (it timed
+    /// out while queued).
+    pub fn unreserve(&mut self, worker: u32) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            if matches!(w.state, WorkerState::Busy(_)) {
+                w.state = WorkerState::Idle;
+                self.running -= 1;
+                self.idle.push(worker);
+            }
+        }
+    }
+
+    /// How many workers to start now.
+    pub fn workers_to_create(&self, now_ns: u64) -> u32 {
+        let (mut live, mut starting) = (0u32, 0u32);
+        for w in self.workers.values() {
+            match w.state {
+                WorkerState::Starting => starting += 1,
+                WorkerState::Idle | WorkerState::Busy(_) => live += 1,
+                WorkerState::Stopping => {}
+            }
+        }
+        let tau = self.tau(now_ns);
+        let runnable = (self.queue.len() as u32).min(tau.saturating_sub(self.running));
+        let for_queue = runnable.saturating_sub(self.idle.len() as u32 + starting);
+        let for_min = self.min_workers.saturating_sub(live + starting);
+        let room = self.max_workers.saturating_sub(live + starting);
+        for_queue.max(for_min).min(room)
+    }
+
+    pub fn worker_starting(&mut self, id: u32, owner: usize) {
+        self.workers.insert(id, Worker { state: WorkerState::Starting, owner, ready_ns: 0 });
+    }
+
+    /// The worker said hello. Returns false for a worker we did not ask for.
+    pub fn worker_ready(&mut self, id: u32, now_ns: u64) -> bool {
+        match self.workers.get_mut(&id) {
+            Some(w) if w.state == WorkerState::Starting => {
+                w.state = WorkerState::Idle;
+                w.ready_ns = now_ns;
+                self.idle.push(id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn worker(&self, id: u32) -> Option<&Worker> {
+        self.workers.get(&id)
+    }
+
+    /// Worker `id` finished call `call_id`.
+    pub fn complete(&mut self, id: u32, call_id: u64, processing_ns: u64) -> bool {
+        let Some(w) = self.workers.get_mut(&id) else { return false };
+        if w.state != WorkerState::Busy(call_id) {
+            return false;
+        }
+        w.state = WorkerState::Idle;
+        self.running -= 1;
+        self.idle.push(id);
+        self.hint.on_processed(processing_ns);
+        true
+    }
+
+    /// The worker's channel closed.
+    pub fn remove_worker(&mut self, id: u32) -> Removed {
+        let Some(w) = self.workers.remove(&id) else { return Removed::Unknown };
+        self.idle.retain(|x| *x != id);
+        match w.state {
+            WorkerState::Starting | WorkerState::Stopping => Removed::Expected,
+            WorkerState::Idle => Removed::Crashed,
+            WorkerState::Busy(call) => {
+                self.running -= 1;
+                Removed::CrashedDuring(call)
+            }
+        }
+    }
+
+    /// Workers that were asked for but never said hello (their launcher
+    /// died): forget them.
+    pub fn drop_starting(&mut self) -> Vec<u32> {
+        let ids: Vec<u32> =
+            self.workers.iter().filter(|(_, w)| w.state == WorkerState::Starting).map(|(id, _)| *id).collect();
+        for id in &ids {
+            self.workers.remove(id);
+        }
+        ids
+    }
+
+    /// Idle workers to stop now, marked `Stopping`.
+    pub fn surplus(&mut self, now_ns: u64) -> Vec<u32> {
+        let limit = (2 * self.tau(now_ns)).max(self.min_workers) as usize;
+        let mut pool = self
+            .workers
+            .values()
+            .filter(|w| matches!(w.state, WorkerState::Idle | WorkerState::Busy(_)))
+            .count();
+        let mut out = Vec::new();
+        while pool > limit && !self.idle.is_empty() {
+            let id = self.idle.remove(0);
+            if let Some(w) = self.workers.get_mut(&id) {
+                w.state = WorkerState::Stopping;
+            }
+            out.push(id);
+            pool -= 1;
+        }
+        out
+    }
+
+    /// Takes every queued call (the function is going away or cannot start).
+    pub fn drain_queue(&mut self) -> Vec<u64> {
+        self.queue.drain(..).collect()
+    }
+
+    pub fn worker_ids(&self) -> Vec<u32> {
+        self.workers.keys().copied().collect()
+    }
+
+    pub fn status(&self, now_ns: u64) -> SchedulerStatus {
+        let count = |f: fn(&WorkerState) -> bool| self.workers.values().filter(|w| f(&w.state)).count();
+        SchedulerStatus {
+            tau: self.tau(now_ns),
+            running: self.running,
+            running_max: self.running_max,
+            queued: self.queue.len(),
+            idle: self.idle.len(),
+            starting: count(|s| *s == WorkerState::Starting),
+            pool: count(|s| matches!(s, WorkerState::Idle | WorkerState::Busy(_))),
+            rate_per_s: self.hint.rate_per_s(now_ns),
+            processing_ms: self.hint.processing_s() * 1e3,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn ready_pool(s: &mut Scheduler, n: u32) {
+        for id in 1..=n {
+            s.worker_starting(id, 0);
+            assert!(s.worker_ready(id, 0));
+        }
+    }
+
+    #[test]
+    fn min_workers_started_up_front() {
+        let s = Scheduler::new(3, 8, 1e-3);
+        assert_eq!(s.workers_to_create(0), 3);
+    }
+
+    #[test]
+    fn dispatch_only_below_tau() {
+        let mut s = Scheduler::new(1, 8, 1e-3);
+        ready_pool(&mut s, 4);
+        // Slow arrivals (1/s) of long calls (100 ms): τ = 1.
+        s.enqueue(1, 0);
+        let (c, w) = s.next_dispatch(0, 0).expect("dispatch");
+        assert_eq!(c, 1);
+        s.complete(w, 1, 100 * MS);
+        s.enqueue(2, 1000 * MS);
+        s.enqueue(3, 2000 * MS);
+        assert_eq!(s.tau(2000 * MS), 1);
+        assert!(s.next_dispatch(2000 * MS, 0).is_some());
+        // τ = 1 and one call is running: the next waits, idle workers or not.
+        assert_eq!(s.next_dispatch(2000 * MS, 0), None);
+        assert_eq!(s.queued(), 1);
+        assert_eq!(s.workers_to_create(2000 * MS), 0);
+    }
+
+    #[test]
+    fn prefers_worker_of_the_same_thread() {
+        let mut s = Scheduler::new(0, 8, 1e-3);
+        s.worker_starting(1, 0);
+        s.worker_starting(2, 1);
+        s.worker_ready(1, 0);
+        s.worker_ready(2, 0);
+        s.enqueue(9, 0);
+        assert_eq!(s.next_dispatch(0, 0), Some((9, 1)));
+    }
+
+    #[test]
+    fn pool_grows_with_queue_and_tau_up_to_max() {
+        let mut s = Scheduler::new(1, 4, 1e-3);
+        ready_pool(&mut s, 1);
+        s.enqueue(100, 0);
+        s.complete(1, 0, 0); // no-op: not busy with 0
+        let (_, w) = s.next_dispatch(0, 0).expect("dispatch");
+        s.complete(w, 100, 100 * MS);
+        // A burst: 10 calls a microsecond apart raise λ, so τ rises.
+        for i in 0..10 {
+            s.enqueue(i, 10 * MS + i * 1000);
+        }
+        let now = 10 * MS + 10_000;
+        assert!(s.tau(now) >= 4);
+        assert_eq!(s.workers_to_create(now), 3); // capped: 1 live + 3 = max 4
+        for id in 2..=4 {
+            s.worker_starting(id, 0);
+        }
+        assert_eq!(s.workers_to_create(now), 0);
+    }
+
+    #[test]
+    fn shrinks_idle_surplus_to_two_tau() {
+        let mut s = Scheduler::new(1, 16, 1e-3);
+        ready_pool(&mut s, 8);
+        // Idle for a long time: λ decays, τ = 1, keep max(2τ, min) = 2.
+        let stop = s.surplus(10_000 * MS);
+        assert_eq!(stop.len(), 6);
+        assert_eq!(stop, vec![1, 2, 3, 4, 5, 6]); // least recently used first
+        assert_eq!(s.remove_worker(1), Removed::Expected);
+        assert_eq!(s.status(10_000 * MS).pool, 2);
+    }
+
+    #[test]
+    fn crash_reports_the_running_call() {
+        let mut s = Scheduler::new(1, 2, 1e-3);
+        ready_pool(&mut s, 2);
+        s.enqueue(7, 0);
+        let (_, w) = s.next_dispatch(0, 0).expect("dispatch");
+        assert_eq!(s.remove_worker(w), Removed::CrashedDuring(7));
+        assert_eq!(s.running(), 0);
+        let other = if w == 1 { 2 } else { 1 };
+        assert_eq!(s.remove_worker(other), Removed::Crashed);
+        assert_eq!(s.remove_worker(other), Removed::Unknown);
+        // The pool is empty again: replacements up to min_workers.
+        assert_eq!(s.workers_to_create(0), 1);
+    }
+
+    #[test]
+    fn unreserve_returns_the_worker() {
+        let mut s = Scheduler::new(1, 2, 1e-3);
+        ready_pool(&mut s, 1);
+        s.enqueue(7, 0);
+        let (_, w) = s.next_dispatch(0, 0).expect("dispatch");
+        s.unreserve(w);
+        assert_eq!(s.running(), 0);
+        assert_eq!(s.status(0).idle, 1);
+    }
+}

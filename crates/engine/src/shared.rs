@@ -1,0 +1,545 @@
+//! State shared by the engine's threads, and the call flows that run on
+//! whichever I/O thread received the event (Nightcore §3.2, §4.1).
+//!
+//! Locking: a function's `core` mutex may be held while taking the `calls`
+//! mutex, never the other way round. Writes to a worker's `e2w` pipe may come
+//! from any thread: each is one atomic 1 KB write (PIPE_BUF), so no
+//! ownership is needed for them. A gateway connection is written only by the
+//! I/O thread that owns it; other threads send it replies by mailbox.
+
+use crate::config::{EngineConfig, Placement};
+use crate::scheduler::{Removed, Scheduler, SchedulerStatus};
+use crate::spec::FunctionSpec;
+use mio::{Token, Waker};
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+use wire::frame::{FrameHeader, FrameKind, Timing, FRAME_HEADER_LEN};
+use wire::message::{shm_file_name, Header, Kind, Message, FLAG_PAYLOAD_IN_SHM, INLINE_LEN_MAX};
+use wire::ErrorKind;
+
+/// A deployed function on this engine.
+pub(crate) struct Function {
+    pub spec: FunctionSpec,
+    /// This function's part of the IPC directory (`STACCATO_IPC_DIR`).
+    pub dir: PathBuf,
+    pub code_dir: PathBuf,
+    pub log_path: PathBuf,
+    pub core: Mutex<FnCore>,
+}
+
+pub(crate) struct FnCore {
+    pub sched: Scheduler,
+    pub workers: HashMap<u32, WorkerHandle>,
+    pub launcher: Launcher,
+    pub removed: bool,
+    pub completed: u64,
+    pub failed: u64,
+}
+
+pub(crate) struct WorkerHandle {
+    pub tx: Arc<File>,
+    pub pid: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum LauncherState {
+    Down,
+    Starting,
+    Ready,
+}
+
+pub(crate) struct Launcher {
+    pub state: LauncherState,
+    pub tx: Option<Arc<File>>,
+    pub pid: u32,
+    pub failed_at: Option<Instant>,
+    pub last_error: String,
+}
+
+/// A launcher that died before saying hello is retried no sooner than this.
+pub(crate) const LAUNCH_RETRY: Duration = Duration::from_secs(1);
+
+/// Where a call came from, i.e. where its result goes.
+pub(crate) enum Origin {
+    Gateway { thread: usize, conn: Token },
+    Worker { func: Arc<Function>, tx: Arc<File> },
+}
+
+pub(crate) enum Payload {
+    Bytes(Vec<u8>),
+    /// In a payload file of this length, in the directory of the function
+    /// whose channel it arrived on or is going to.
+    Shm(usize),
+}
+
+pub(crate) enum Outcome {
+    Ok(Payload),
+    Err(ErrorKind, String),
+}
+
+/// The tracing record of one in-flight call (Nightcore Figure 2 ④).
+pub(crate) struct CallRecord {
+    pub func: Arc<Function>,
+    pub origin: Origin,
+    pub input: Option<Payload>,
+    pub parent_call_id: u64,
+    pub deadline_us: u64,
+    pub recv_ns: u64,
+    /// The same instant on the wall clock, the clock deadlines use.
+    pub recv_unix_us: u64,
+    pub dispatch_ns: u64,
+    /// The worker running it, with its pid (to recycle it on timeout).
+    pub worker: Option<(u32, u32)>,
+    /// Time this call's own internal calls spent queued: not part of its
+    /// processing time (Nightcore §4.1).
+    pub sub_queue_ns: u64,
+    /// It waited for a worker that started after it arrived.
+    pub cold: bool,
+}
+
+/// A finished call's timeline, kept in a ring for `staccato trace`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TraceRecord {
+    pub call_id: String,
+    pub parent_call_id: String,
+    pub function: String,
+    pub worker_id: u32,
+    pub receive_ns: u64,
+    pub dispatch_ns: u64,
+    pub complete_ns: u64,
+    pub outcome: &'static str,
+}
+
+const TRACE_RING_LEN: usize = 4096;
+
+/// Sent to an I/O thread's mailbox; the thread is woken through eventfd.
+pub(crate) enum Cmd {
+    AdoptConn(std::net::TcpStream),
+    AdoptChannel { func: Arc<Function>, worker_id: u32, rx: File },
+    DropChannel { func: Arc<Function>, worker_id: u32 },
+    Reply { conn: Token, frame: Vec<u8> },
+}
+
+pub(crate) struct Mailbox {
+    pub queue: Mutex<Vec<Cmd>>,
+    pub waker: Waker,
+}
+
+pub(crate) enum SupervisorCmd {
+    StartLauncher(Arc<Function>),
+    Control(serde_json::Value, Sender<serde_json::Value>),
+}
+
+pub(crate) struct Shared {
+    pub cfg: EngineConfig,
+    pub functions: RwLock<HashMap<String, Arc<Function>>>,
+    pub calls: Mutex<HashMap<u64, CallRecord>>,
+    pub mailboxes: Vec<Mailbox>,
+    pub supervisor: Mutex<Sender<SupervisorCmd>>,
+    pub traces: Mutex<VecDeque<TraceRecord>>,
+    pub next_worker_id: AtomicU32,
+    pub next_owner: AtomicUsize,
+    pub cpus: Vec<usize>,
+}
+
+/// Locks a mutex, carrying on if a thread panicked while holding it: every
+/// critical section here leaves the data consistent between statements, and
+/// one panicking thread must not take the whole engine down.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What `pump` decided, done after the function's lock is released.
+enum Action {
+    Dispatch { tx: Arc<File>, header: Header, input: Payload },
+    CreateWorker { launcher_tx: Arc<File>, worker_id: u32 },
+    StartLauncher,
+    Stop { tx: Arc<File>, worker_id: u32 },
+    Fail { call_id: u64, kind: ErrorKind, message: String },
+}
+
+/// A reply for a gateway connection, to be written by its owner thread.
+pub(crate) struct GatewayReply {
+    pub thread: usize,
+    pub conn: Token,
+    pub frame: Vec<u8>,
+}
+
+impl Shared {
+    pub fn function(&self, name: &str) -> Option<Arc<Function>> {
+        self.functions.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+    }
+
+    pub fn functions(&self) -> Vec<Arc<Function>> {
+        self.functions.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    pub fn post(&self, thread: usize, cmd: Cmd) {
+        let mb = &self.mailboxes[thread % self.mailboxes.len()];
+        lock(&mb.queue).push(cmd);
+        if let Err(e) = mb.waker.wake() {
+            log::error!("waking I/O thread {thread}: {e}");
+        }
+    }
+
+    /// The CPU I/O thread `thread` runs on under packed placement.
+    pub fn cpu_of(&self, thread: usize) -> Option<usize> {
+        (self.cfg.placement == Placement::Packed).then(|| self.cpus[thread % self.cpus.len()])
+    }
+
+    /// Registers a call and queues it on its function. `cur` is the calling
+    /// I/O thread (for dispatch locality). Returns gateway replies to send.
+    pub fn submit(&self, call_id: u64, rec: CallRecord, cur: usize) -> Vec<GatewayReply> {
+        let func = rec.func.clone();
+        let now = rec.recv_ns;
+        lock(&self.calls).insert(call_id, rec);
+        lock(&func.core).sched.enqueue(call_id, now);
+        self.pump(&func, cur)
+    }
+
+    /// Dispatches what τ and the idle workers allow, grows and shrinks the
+    /// pool, (re)starts the launcher. Called after anything that may change
+    /// what can run: an arrival, a completion, a worker joining or leaving.
+    pub fn pump(&self, func: &Arc<Function>, cur: usize) -> Vec<GatewayReply> {
+        let now = ipc::monotonic_ns();
+        let actions = {
+            let mut core = lock(&func.core);
+            if core.removed {
+                return Vec::new();
+            }
+            let mut actions = Vec::new();
+            self.plan_dispatches(&mut core, now, cur, &mut actions);
+            self.plan_pool(func, &mut core, now, &mut actions);
+            actions
+        };
+        let mut replies = Vec::new();
+        for a in actions {
+            self.act(func, a, &mut replies);
+        }
+        replies
+    }
+
+    fn plan_dispatches(&self, core: &mut FnCore, now: u64, cur: usize, out: &mut Vec<Action>) {
+        while let Some((call_id, worker_id)) = core.sched.next_dispatch(now, cur) {
+            let ready_ns = core.sched.worker(worker_id).map_or(0, |w| w.ready_ns);
+            let Some(handle) = core.workers.get(&worker_id) else {
+                core.sched.unreserve(worker_id);
+                continue;
+            };
+            let mut calls = lock(&self.calls);
+            let Some(rec) = calls.get_mut(&call_id) else {
+                // Timed out while queued.
+                core.sched.unreserve(worker_id);
+                continue;
+            };
+            rec.dispatch_ns = now;
+            rec.worker = Some((worker_id, handle.pid));
+            rec.cold = ready_ns > rec.recv_ns;
+            let mut header = Header::new(Kind::Dispatch);
+            header.call_id = call_id;
+            header.parent_call_id = rec.parent_call_id;
+            header.worker_id = worker_id;
+            header.deadline_us = rec.deadline_us;
+            let input = rec.input.take().unwrap_or(Payload::Bytes(Vec::new()));
+            let (parent, queued) = (rec.parent_call_id, now.saturating_sub(rec.recv_ns));
+            if let Some(p) = calls.get_mut(&parent) {
+                p.sub_queue_ns += queued;
+            }
+            out.push(Action::Dispatch { tx: handle.tx.clone(), header, input });
+        }
+    }
+
+    fn plan_pool(&self, func: &Arc<Function>, core: &mut FnCore, now: u64, out: &mut Vec<Action>) {
+        match core.launcher.state {
+            LauncherState::Ready => {
+                let Some(ltx) = core.launcher.tx.clone() else { return };
+                for _ in 0..core.sched.workers_to_create(now) {
+                    let worker_id = self.next_worker_id.fetch_add(1, Ordering::Relaxed);
+                    let owner = self.next_owner.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len();
+                    match ipc::EngineChannel::create(&func.dir, worker_id) {
+                        Ok(ch) => {
+                            core.sched.worker_starting(worker_id, owner);
+                            core.workers.insert(worker_id, WorkerHandle { tx: Arc::new(ch.tx), pid: 0 });
+                            self.post(owner, Cmd::AdoptChannel { func: func.clone(), worker_id, rx: ch.rx });
+                            out.push(Action::CreateWorker { launcher_tx: ltx.clone(), worker_id });
+                        }
+                        Err(e) => log::error!("{}: creating channel {worker_id}: {e}", func.spec.name),
+                    }
+                }
+                for worker_id in core.sched.surplus(now) {
+                    if let Some(h) = core.workers.get(&worker_id) {
+                        out.push(Action::Stop { tx: h.tx.clone(), worker_id });
+                    }
+                }
+            }
+            LauncherState::Starting => {}
+            LauncherState::Down => {
+                let wanted = core.sched.queued() > 0 || core.sched.min_workers > 0;
+                let backing_off = core.launcher.failed_at.is_some_and(|t| t.elapsed() < LAUNCH_RETRY);
+                if wanted && !backing_off {
+                    core.launcher.state = LauncherState::Starting;
+                    out.push(Action::StartLauncher);
+                } else if backing_off {
+                    let message = format!("function {} failed to start: {}", func.spec.name, core.launcher.last_error);
+                    for call_id in core.sched.drain_queue() {
+                        out.push(Action::Fail { call_id, kind: ErrorKind::FunctionError, message: message.clone() });
+                    }
+                }
+            }
+        }
+    }
+
+    fn act(&self, func: &Arc<Function>, a: Action, replies: &mut Vec<GatewayReply>) {
+        match a {
+            Action::Dispatch { tx, mut header, input } => {
+                let call_id = header.call_id;
+                let inline = match input {
+                    Payload::Bytes(b) if b.len() <= INLINE_LEN_MAX => {
+                        header.payload_len = b.len() as u32;
+                        Some(b)
+                    }
+                    Payload::Bytes(b) => {
+                        header.flags = FLAG_PAYLOAD_IN_SHM;
+                        header.payload_len = b.len() as u32;
+                        if let Err(e) = ipc::shm::write(&func.dir, &shm_file_name(call_id, Kind::Dispatch), &b) {
+                            self.fail_call(call_id, ErrorKind::Internal, format!("writing input payload: {e}"), replies);
+                            return;
+                        }
+                        None
+                    }
+                    Payload::Shm(len) => {
+                        header.flags = FLAG_PAYLOAD_IN_SHM;
+                        header.payload_len = len as u32;
+                        None
+                    }
+                };
+                header.send_ts_ns = ipc::monotonic_ns();
+                let msg = Message::new(&header, inline.as_deref().unwrap_or(&[]));
+                if let Err(e) = ipc::write_message(&tx, &msg) {
+                    // The worker is not reading (a full pipe) or gone; its
+                    // channel closing will clean up, this call fails now.
+                    self.fail_call(call_id, ErrorKind::WorkerCrashed, format!("dispatching to worker: {e}"), replies);
+                }
+            }
+            Action::CreateWorker { launcher_tx, worker_id } => {
+                let mut h = Header::new(Kind::CreateWorker);
+                h.worker_id = worker_id;
+                if let Err(e) = ipc::write_message(&launcher_tx, &Message::new(&h, &[])) {
+                    log::error!("{}: asking launcher for worker {worker_id}: {e}", func.spec.name);
+                }
+            }
+            Action::StartLauncher => {
+                let _ = lock(&self.supervisor).send(SupervisorCmd::StartLauncher(func.clone()));
+            }
+            Action::Stop { tx, worker_id } => {
+                let mut h = Header::new(Kind::StopWorker);
+                h.worker_id = worker_id;
+                let _ = ipc::write_message(&tx, &Message::new(&h, &[]));
+            }
+            Action::Fail { call_id, kind, message } => self.fail_call(call_id, kind, message, replies),
+        }
+    }
+
+    /// Ends a call with an error, if it is still in flight.
+    pub fn fail_call(&self, call_id: u64, kind: ErrorKind, message: String, replies: &mut Vec<GatewayReply>) {
+        let rec = lock(&self.calls).remove(&call_id);
+        if let Some(rec) = rec {
+            lock(&rec.func.core).failed += 1;
+            self.trace(call_id, &rec, 0, kind.name());
+            replies.extend(self.deliver(call_id, rec, Outcome::Err(kind, message), None));
+        }
+    }
+
+    /// Sends a call's outcome to where the call came from. `from_dir` is the
+    /// directory of the function that produced an shm payload.
+    pub fn deliver(
+        &self,
+        call_id: u64,
+        rec: CallRecord,
+        outcome: Outcome,
+        from_dir: Option<&PathBuf>,
+    ) -> Option<GatewayReply> {
+        let now = ipc::monotonic_ns();
+        match rec.origin {
+            Origin::Gateway { thread, conn } => {
+                let timing = timing_of(&rec, now);
+                let frame = gateway_frame(call_id, outcome, timing, from_dir);
+                Some(GatewayReply { thread, conn, frame })
+            }
+            Origin::Worker { ref func, ref tx } => {
+                let msg = worker_reply(call_id, outcome, from_dir, &func.dir);
+                if let Err(e) = ipc::write_message(tx, &msg) {
+                    log::warn!("{}: reply to caller lost: {e}", func.spec.name);
+                }
+                None
+            }
+        }
+    }
+
+    pub fn trace(&self, call_id: u64, rec: &CallRecord, worker_id: u32, outcome: &'static str) {
+        let t = TraceRecord {
+            call_id: format!("{call_id:016x}"),
+            parent_call_id: format!("{:016x}", rec.parent_call_id),
+            function: rec.func.spec.name.clone(),
+            worker_id,
+            receive_ns: rec.recv_ns,
+            dispatch_ns: rec.dispatch_ns,
+            complete_ns: ipc::monotonic_ns(),
+            outcome,
+        };
+        let mut ring = lock(&self.traces);
+        if ring.len() == TRACE_RING_LEN {
+            ring.pop_front();
+        }
+        ring.push_back(t);
+    }
+
+    /// A worker's channel closed. Fails the call it was running, cleans its
+    /// files, and lets the pool replace it.
+    pub fn worker_gone(&self, func: &Arc<Function>, worker_id: u32, cur: usize) -> Vec<GatewayReply> {
+        let (removed, pid) = {
+            let mut core = lock(&func.core);
+            let r = core.sched.remove_worker(worker_id);
+            let pid = core.workers.remove(&worker_id).map_or(0, |h| h.pid);
+            (r, pid)
+        };
+        ipc::EngineChannel::remove_files(&func.dir, worker_id);
+        ipc::shm::remove_prefixed(&func.dir, &format!("{worker_id:08x}"));
+        let mut replies = Vec::new();
+        match removed {
+            Removed::CrashedDuring(call_id) => {
+                ipc::shm::remove(&func.dir, &shm_file_name(call_id, Kind::Dispatch));
+                let msg = format!(
+                    "worker {worker_id} (pid {pid}) of function {} exited while running the call",
+                    func.spec.name
+                );
+                log::warn!("{msg}");
+                self.fail_call(call_id, ErrorKind::WorkerCrashed, msg, &mut replies);
+            }
+            Removed::Crashed => log::warn!("{}: idle worker {worker_id} (pid {pid}) exited", func.spec.name),
+            Removed::Expected | Removed::Unknown => {}
+        }
+        replies.extend(self.pump(func, cur));
+        replies
+    }
+
+    pub fn status(&self) -> Vec<serde_json::Value> {
+        let now = ipc::monotonic_ns();
+        let mut out: Vec<serde_json::Value> = self
+            .functions()
+            .iter()
+            .map(|f| {
+                let core = lock(&f.core);
+                let s: SchedulerStatus = core.sched.status(now);
+                serde_json::json!({
+                    "name": f.spec.name,
+                    "runtime": f.spec.runtime.name(),
+                    "launcher": core.launcher.state,
+                    "last_error": core.launcher.last_error,
+                    "completed": core.completed,
+                    "failed": core.failed,
+                    "scheduler": s,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        out
+    }
+}
+
+impl Launcher {
+    pub fn down() -> Launcher {
+        Launcher { state: LauncherState::Down, tx: None, pid: 0, failed_at: None, last_error: String::new() }
+    }
+}
+
+fn us(ns: u64) -> u32 {
+    (ns / 1000).min(u64::from(u32::MAX)) as u32
+}
+
+fn timing_of(rec: &CallRecord, now: u64) -> Timing {
+    if rec.dispatch_ns == 0 {
+        return Timing { queue_us: us(now.saturating_sub(rec.recv_ns)), exec_us: 0, cold_us: 0 };
+    }
+    let queue_ns = rec.dispatch_ns.saturating_sub(rec.recv_ns);
+    Timing {
+        queue_us: us(queue_ns),
+        exec_us: us(now.saturating_sub(rec.dispatch_ns)),
+        cold_us: if rec.cold { us(queue_ns) } else { 0 },
+    }
+}
+
+/// Builds the `Result`/`Error` frame for a gateway call.
+fn gateway_frame(call_id: u64, outcome: Outcome, timing: Timing, from_dir: Option<&PathBuf>) -> Vec<u8> {
+    let (kind, error_kind, body) = match outcome {
+        Outcome::Ok(Payload::Bytes(b)) => (FrameKind::Result, 0, b),
+        Outcome::Ok(Payload::Shm(len)) => {
+            let name = shm_file_name(call_id, Kind::Completion);
+            match from_dir.map(|d| ipc::shm::take(d, &name, len)) {
+                Some(Ok(b)) => (FrameKind::Result, 0, b),
+                Some(Err(e)) => (FrameKind::Error, ErrorKind::Internal.code(), format!("reading output: {e}").into()),
+                None => (FrameKind::Error, ErrorKind::Internal.code(), b"output file missing".to_vec()),
+            }
+        }
+        Outcome::Err(k, m) => (FrameKind::Error, k.code(), m.into_bytes()),
+    };
+    let mut h = FrameHeader::new(kind, call_id, body.len());
+    h.error_kind = error_kind;
+    timing.to_header(&mut h);
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + body.len());
+    frame.extend_from_slice(&h.encode());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Builds the `Completion`/`Failure` message answering a worker's `Invoke`,
+/// moving an shm output into the caller's directory.
+fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_dir: &PathBuf) -> Message {
+    let name = shm_file_name(call_id, Kind::Completion);
+    let (mut h, inline): (Header, Vec<u8>) = match outcome {
+        Outcome::Ok(Payload::Bytes(b)) if b.len() <= INLINE_LEN_MAX => {
+            let mut h = Header::new(Kind::Completion);
+            h.payload_len = b.len() as u32;
+            (h, b)
+        }
+        Outcome::Ok(Payload::Bytes(b)) => {
+            let mut h = Header::new(Kind::Completion);
+            match ipc::shm::write(to_dir, &name, &b) {
+                Ok(()) => {
+                    h.flags = FLAG_PAYLOAD_IN_SHM;
+                    h.payload_len = b.len() as u32;
+                    (h, Vec::new())
+                }
+                Err(e) => failure_header(ErrorKind::Internal, format!("writing output payload: {e}")),
+            }
+        }
+        Outcome::Ok(Payload::Shm(len)) => match from_dir.map(|d| ipc::shm::forward(d, to_dir, &name)) {
+            Some(Ok(())) => {
+                let mut h = Header::new(Kind::Completion);
+                h.flags = FLAG_PAYLOAD_IN_SHM;
+                h.payload_len = len as u32;
+                (h, Vec::new())
+            }
+            _ => failure_header(ErrorKind::Internal, "moving output payload failed".into()),
+        },
+        Outcome::Err(k, m) => failure_header(k, m),
+    };
+    h.call_id = call_id;
+    h.send_ts_ns = ipc::monotonic_ns();
+    Message::new(&h, &inline)
+}
+
+fn failure_header(kind: ErrorKind, message: String) -> (Header, Vec<u8>) {
+    let mut h = Header::new(Kind::Failure);
+    h.error_kind = kind.code();
+    let mut b = message.into_bytes();
+    b.truncate(INLINE_LEN_MAX);
+    h.payload_len = b.len() as u32;
+    (h, b)
+}

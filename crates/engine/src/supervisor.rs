@@ -1,0 +1,329 @@
+//! The engine's supervisor thread: registers and removes functions, builds
+//! their code, starts their launchers, reaps them. Runs apart from the I/O
+//! threads because all of this may block (fork/exec, compilers, disks).
+
+use crate::scheduler::Scheduler;
+use crate::shared::{lock, Cmd, FnCore, Function, Launcher, LauncherState, Shared, SupervisorCmd};
+use crate::spec::{FunctionSpec, Runtime};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use wire::ErrorKind;
+
+pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
+    let mut sup = Supervisor { shared, children: Vec::new() };
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
+            Ok(SupervisorCmd::Control(req, reply)) => {
+                let _ = reply.send(sup.control(&req));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        sup.reap();
+    }
+}
+
+struct Supervisor {
+    shared: Arc<Shared>,
+    children: Vec<Child>,
+}
+
+impl Supervisor {
+    fn control(&mut self, req: &Value) -> Value {
+        let result = match req["op"].as_str().unwrap_or("") {
+            "register" => serde_json::from_value::<FunctionSpec>(req["spec"].clone())
+                .map_err(|e| format!("invalid function spec: {e}"))
+                .and_then(|spec| self.register(spec)),
+            "unregister" => self.unregister(req["name"].as_str().unwrap_or("")),
+            "status" => Ok(json!({ "functions": self.shared.status() })),
+            "trace" => Ok(self.trace(req["function"].as_str(), req["limit"].as_u64().unwrap_or(100) as usize)),
+            other => Err(format!("unknown control op {other:?}")),
+        };
+        match result {
+            Ok(mut v) => {
+                v["ok"] = json!(true);
+                v
+            }
+            Err(e) => json!({ "ok": false, "error": e }),
+        }
+    }
+
+    fn register(&mut self, spec: FunctionSpec) -> Result<Value, String> {
+        spec.validate()?;
+        if !spec.source_dir.is_dir() {
+            return Err(format!("source directory {} does not exist", spec.source_dir.display()));
+        }
+        let cfg = &self.shared.cfg;
+        let generation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let fn_state = cfg.state_dir.join("functions").join(&spec.name);
+        let code_dir = fn_state.join(format!("{generation}"));
+        copy_dir(&spec.source_dir, &code_dir).map_err(|e| format!("copying source: {e}"))?;
+        prepare_code(cfg, &spec, &code_dir)?;
+        let logs = cfg.state_dir.join("logs");
+        fs::create_dir_all(&logs).map_err(|e| format!("creating {}: {e}", logs.display()))?;
+        let func = Arc::new(Function {
+            dir: cfg.ipc_dir.join(format!("{}.{generation}", spec.name)),
+            log_path: logs.join(format!("{}.log", spec.name)),
+            code_dir,
+            core: Mutex::new(FnCore {
+                sched: Scheduler::new(spec.min_workers, spec.max_workers, cfg.ema_alpha),
+                workers: HashMap::new(),
+                launcher: Launcher { state: LauncherState::Starting, ..Launcher::down() },
+                removed: false,
+                completed: 0,
+                failed: 0,
+            }),
+            spec,
+        });
+        self.start_launcher(&func);
+        if let Err(e) = self.wait_ready(&func) {
+            self.retire(&func, "deploy failed");
+            return Err(e);
+        }
+        let old = self.shared.functions.write().unwrap_or_else(|p| p.into_inner()).insert(func.spec.name.clone(), func.clone());
+        if let Some(old) = old {
+            self.retire(&old, "function was redeployed");
+            let _ = fs::remove_dir_all(&old.code_dir);
+        }
+        log::info!("registered {} ({})", func.spec.name, func.spec.runtime.name());
+        Ok(json!({ "name": func.spec.name }))
+    }
+
+    fn wait_ready(&self, func: &Function) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.launcher_ready_timeout_ms);
+        loop {
+            let (state, err) = {
+                let core = lock(&func.core);
+                (core.launcher.state, core.launcher.last_error.clone())
+            };
+            match state {
+                LauncherState::Ready => return Ok(()),
+                LauncherState::Down => {
+                    return Err(format!("function {} failed to start:\n{err}", func.spec.name));
+                }
+                LauncherState::Starting if Instant::now() > deadline => {
+                    return Err(format!(
+                        "function {} did not start within {} ms; its log:\n{}",
+                        func.spec.name,
+                        self.shared.cfg.launcher_ready_timeout_ms,
+                        log_tail(&func.log_path)
+                    ));
+                }
+                LauncherState::Starting => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
+
+    fn unregister(&mut self, name: &str) -> Result<Value, String> {
+        let old = self.shared.functions.write().unwrap_or_else(|p| p.into_inner()).remove(name);
+        match old {
+            Some(f) => {
+                self.retire(&f, "function was removed");
+                let _ = fs::remove_dir_all(f.code_dir.parent().unwrap_or(&f.code_dir));
+                Ok(json!({ "name": name }))
+            }
+            None => Err(format!("no function named {name:?}")),
+        }
+    }
+
+    /// Stops a function for good: queued calls fail, its processes are
+    /// killed (running calls then fail as their workers' channels close).
+    fn retire(&mut self, f: &Arc<Function>, why: &str) {
+        let (queued, pids) = {
+            let mut core = lock(&f.core);
+            core.removed = true;
+            let mut pids: Vec<u32> = core.workers.values().map(|w| w.pid).filter(|p| *p != 0).collect();
+            if core.launcher.pid != 0 {
+                pids.push(core.launcher.pid);
+            }
+            (core.sched.drain_queue(), pids)
+        };
+        let mut replies = Vec::new();
+        for call_id in queued {
+            self.shared.fail_call(call_id, ErrorKind::NotFound, format!("{}: {why}", f.spec.name), &mut replies);
+        }
+        for r in replies {
+            self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
+        }
+        for pid in pids {
+            let _ = ipc::kill(pid);
+        }
+        let _ = fs::remove_dir_all(&f.dir);
+    }
+
+    fn start_launcher(&mut self, f: &Arc<Function>) {
+        match self.spawn_launcher(f) {
+            Ok(()) => {}
+            Err(e) => {
+                log::error!("{}: starting launcher: {e}", f.spec.name);
+                {
+                    let mut core = lock(&f.core);
+                    core.launcher.state = LauncherState::Down;
+                    core.launcher.failed_at = Some(Instant::now());
+                    core.launcher.last_error = e;
+                }
+                for r in self.shared.pump(f, 0) {
+                    self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
+                }
+            }
+        }
+    }
+
+    fn spawn_launcher(&mut self, f: &Arc<Function>) -> Result<(), String> {
+        let cfg = &self.shared.cfg;
+        fs::create_dir_all(f.dir.join("shm")).map_err(|e| format!("creating {}: {e}", f.dir.display()))?;
+        let ch = ipc::EngineChannel::create(&f.dir, 0).map_err(|e| format!("creating launcher channel: {e}"))?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&f.log_path)
+            .map_err(|e| format!("opening {}: {e}", f.log_path.display()))?;
+        let mut cmd = launcher_command(cfg, f)?;
+        cmd.current_dir(&f.code_dir)
+            .envs(&f.spec.env)
+            .env("STACCATO_FUNCTION", &f.spec.name)
+            .env("STACCATO_IPC_DIR", &f.dir)
+            .env("STACCATO_PAYLOAD_MAX", cfg.payload_len_max.to_string())
+            .env("STACCATO_SPIN_US", cfg.worker_spin_us.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log);
+        ipc::kill_child_with_parent(&mut cmd);
+        let child = cmd.spawn().map_err(|e| format!("running {:?}: {e}", cmd.get_program()))?;
+        let pid = child.id();
+        self.children.push(child);
+        {
+            let mut core = lock(&f.core);
+            core.launcher.state = LauncherState::Starting;
+            core.launcher.tx = Some(Arc::new(ch.tx));
+            core.launcher.pid = pid;
+        }
+        let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % self.shared.mailboxes.len();
+        self.shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
+        Ok(())
+    }
+
+    fn reap(&mut self) {
+        self.children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+    }
+
+    fn trace(&self, function: Option<&str>, limit: usize) -> Value {
+        let ring = lock(&self.shared.traces);
+        let recs: Vec<_> =
+            ring.iter().rev().filter(|t| function.is_none_or(|f| t.function == f)).take(limit).cloned().collect();
+        json!({ "traces": recs })
+    }
+}
+
+fn launcher_command(cfg: &crate::config::EngineConfig, f: &Function) -> Result<Command, String> {
+    match f.spec.runtime {
+        Runtime::Python => {
+            let mut cmd = Command::new(&cfg.python);
+            cmd.args(["-u", "-m", "staccato.launcher"]);
+            let mut path = cfg.runtimes_dir.join("python").into_os_string();
+            if let Some(old) = std::env::var_os("PYTHONPATH") {
+                path.push(":");
+                path.push(old);
+            }
+            cmd.env("PYTHONPATH", path).env("STACCATO_HANDLER", f.spec.handler_or_default());
+            Ok(cmd)
+        }
+        Runtime::C => {
+            let host = c_host(cfg);
+            if !host.is_file() {
+                return Err(format!("C runtime host {} is not built (run `make build`)", host.display()));
+            }
+            let mut cmd = Command::new(host);
+            cmd.env("STACCATO_HANDLER", f.code_dir.join(C_LIBRARY));
+            Ok(cmd)
+        }
+    }
+}
+
+const C_LIBRARY: &str = "handler.so";
+
+fn c_host(cfg: &crate::config::EngineConfig) -> PathBuf {
+    cfg.runtimes_dir.join("c/build/staccato-c-host")
+}
+
+/// Builds what the runtime needs from the copied source: the C handler
+/// library, or a check that the Python module exists.
+fn prepare_code(cfg: &crate::config::EngineConfig, spec: &FunctionSpec, code_dir: &Path) -> Result<(), String> {
+    let handler = spec.handler_or_default();
+    match spec.runtime {
+        Runtime::C => {
+            let src = code_dir.join(&handler);
+            if !src.is_file() {
+                return Err(format!("handler source {handler} not found in {}", spec.source_dir.display()));
+            }
+            let include = cfg.runtimes_dir.join("c/include");
+            let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+                .args(["-O2", "-fPIC", "-shared", "-Wall", "-I"])
+                .arg(&include)
+                .arg(&src)
+                .arg("-o")
+                .arg(code_dir.join(C_LIBRARY))
+                .output()
+                .map_err(|e| format!("running the C compiler: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("compiling {handler} failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+            }
+            Ok(())
+        }
+        Runtime::Python => {
+            let module = handler.split(':').next().unwrap_or("handler").replace('.', "/");
+            let file = code_dir.join(format!("{module}.py"));
+            let pkg = code_dir.join(&module).join("__init__.py");
+            if !file.is_file() && !pkg.is_file() {
+                return Err(format!("handler module {module}.py not found in {}", spec.source_dir.display()));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(to)?;
+    for e in fs::read_dir(from)? {
+        let e = e?;
+        let ty = e.file_type()?;
+        let dest = to.join(e.file_name());
+        if ty.is_dir() {
+            if e.file_name() == "__pycache__" || e.file_name() == "node_modules" {
+                continue;
+            }
+            copy_dir(&e.path(), &dest)?;
+        } else if ty.is_file() {
+            fs::copy(e.path(), dest)?;
+        }
+    }
+    Ok(())
+}
+
+/// The last lines of a function's log, to explain why it failed.
+pub(crate) fn log_tail(path: &Path) -> String {
+    let text = File::open(path).and_then(|mut f| {
+        use std::io::{Read, Seek, SeekFrom};
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(4000)))?;
+        let mut s = String::new();
+        f.read_to_string(&mut s).or_else(|_| Ok::<usize, std::io::Error>(0))?;
+        Ok(s)
+    });
+    let text = text.unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+    if tail.is_empty() {
+        "(the process exited without output)".into()
+    } else {
+        tail
+    }
+}

@@ -1,0 +1,206 @@
+//! One gateway thread's data connection to an engine: a persistent TCP
+//! connection carrying `Call` frames out and `Result`/`Error` frames back,
+//! matched by call id. Single-threaded (lives on its gateway thread's
+//! current-thread runtime), so callers write straight into the socket with
+//! no task hop on the fast path.
+
+use bytes::Bytes;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Notify};
+use wire::frame::{call_frame, FrameHeader, FrameKind, Timing, FRAME_HEADER_LEN};
+use wire::ErrorKind;
+
+pub enum Reply {
+    Ok(Bytes, Timing),
+    Err(ErrorKind, String, Timing),
+}
+
+pub struct EngineLink {
+    addr: SocketAddr,
+    thread: u32,
+    stream: RefCell<Option<Rc<TcpStream>>>,
+    out: RefCell<Vec<u8>>,
+    flush: Notify,
+    pending: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
+    up: Cell<bool>,
+}
+
+impl EngineLink {
+    /// Creates the link and starts its connect/read loop on the current
+    /// `LocalSet`.
+    pub fn start(addr: SocketAddr, thread: u32) -> Rc<EngineLink> {
+        let link = Rc::new(EngineLink {
+            addr,
+            thread,
+            stream: RefCell::new(None),
+            out: RefCell::new(Vec::new()),
+            flush: Notify::new(),
+            pending: RefCell::new(HashMap::new()),
+            up: Cell::new(false),
+        });
+        tokio::task::spawn_local(link.clone().run());
+        link
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.get()
+    }
+
+    /// Sends a call and waits for its reply.
+    pub async fn call(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Reply {
+        if !self.up.get() {
+            return Reply::Err(ErrorKind::EngineUnavailable, format!("engine at {} is unreachable", self.addr), Timing::default());
+        }
+        let (tx, rx) = oneshot::channel();
+        self.pending.borrow_mut().insert(call_id, tx);
+        self.send(&call_frame(call_id, timeout_ms, name, input));
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => Reply::Err(ErrorKind::EngineUnavailable, "engine connection lost".into(), Timing::default()),
+        }
+    }
+
+    fn send(&self, frame: &[u8]) {
+        let stream = self.stream.borrow().clone();
+        let Some(stream) = stream else { return };
+        let mut out = self.out.borrow_mut();
+        let mut rest = frame;
+        if out.is_empty() {
+            // Fast path: write now; only what does not fit waits for the
+            // flusher.
+            match stream.try_write(frame) {
+                Ok(n) => rest = &frame[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => {}
+            }
+        }
+        if !rest.is_empty() {
+            out.extend_from_slice(rest);
+            self.flush.notify_one();
+        }
+    }
+
+    async fn run(self: Rc<Self>) {
+        loop {
+            match self.connect().await {
+                Ok(s) => {
+                    let s = Rc::new(s);
+                    *self.stream.borrow_mut() = Some(s.clone());
+                    self.up.set(true);
+                    log::info!("gateway thread {}: connected to engine {}", self.thread, self.addr);
+                    let flusher = tokio::task::spawn_local(self.clone().flusher(s.clone()));
+                    self.read_loop(&s).await;
+                    flusher.abort();
+                    self.up.set(false);
+                    *self.stream.borrow_mut() = None;
+                    self.out.borrow_mut().clear();
+                    self.fail_pending();
+                    log::warn!("gateway thread {}: lost engine {}", self.thread, self.addr);
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    async fn connect(&self) -> std::io::Result<TcpStream> {
+        let s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(self.addr))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        s.set_nodelay(true)?;
+        let mut h = FrameHeader::new(FrameKind::Hello, 0, 1);
+        h.c = self.thread;
+        let mut hello = h.encode().to_vec();
+        hello.push(0); // role: data
+        let mut off = 0;
+        while off < hello.len() {
+            s.writable().await?;
+            match s.try_write(&hello[off..]) {
+                Ok(n) => off += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(s)
+    }
+
+    async fn flusher(self: Rc<Self>, s: Rc<TcpStream>) {
+        loop {
+            self.flush.notified().await;
+            while !self.out.borrow().is_empty() {
+                if s.writable().await.is_err() {
+                    return;
+                }
+                let mut out = self.out.borrow_mut();
+                match s.try_write(&out) {
+                    Ok(n) => {
+                        out.drain(..n);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+
+    async fn read_loop(&self, s: &TcpStream) {
+        let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            if s.readable().await.is_err() {
+                return;
+            }
+            match s.try_read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return,
+            }
+            let mut off = 0;
+            while buf.len() - off >= FRAME_HEADER_LEN {
+                let hb: &[u8; FRAME_HEADER_LEN] = buf[off..off + FRAME_HEADER_LEN].try_into().expect("32 bytes");
+                let Ok(h) = FrameHeader::decode(hb) else {
+                    log::error!("engine sent a malformed frame; reconnecting");
+                    return;
+                };
+                let end = off + FRAME_HEADER_LEN + h.body_len as usize;
+                if buf.len() < end {
+                    break;
+                }
+                let body = Bytes::copy_from_slice(&buf[off + FRAME_HEADER_LEN..end]);
+                self.on_frame(h, body);
+                off = end;
+            }
+            buf.drain(..off);
+        }
+    }
+
+    fn on_frame(&self, h: FrameHeader, body: Bytes) {
+        let timing = Timing::from_header(&h);
+        let reply = match h.kind {
+            FrameKind::Result => Reply::Ok(body, timing),
+            FrameKind::Error => {
+                let kind = ErrorKind::from_code(h.error_kind).unwrap_or(ErrorKind::Internal);
+                Reply::Err(kind, String::from_utf8_lossy(&body).into_owned(), timing)
+            }
+            _ => return,
+        };
+        if let Some(tx) = self.pending.borrow_mut().remove(&h.call_id) {
+            let _ = tx.send(reply);
+        }
+    }
+
+    fn fail_pending(&self) {
+        for (_, tx) in self.pending.borrow_mut().drain() {
+            let _ = tx.send(Reply::Err(
+                ErrorKind::EngineUnavailable,
+                "engine connection lost during the call".into(),
+                Timing::default(),
+            ));
+        }
+    }
+}

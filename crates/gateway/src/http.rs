@@ -1,0 +1,243 @@
+//! HTTP routes: `/function/{name}` runs a function; `/system/*` manages
+//! them; `/healthz` and `/metrics` observe the gateway.
+
+use crate::engine_link::Reply;
+use crate::{GwShared, ThreadState};
+use bytes::Bytes;
+use engine::spec::FunctionSpec;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+use wire::frame::Timing;
+use wire::ErrorKind;
+
+pub type Resp = Response<Full<Bytes>>;
+
+pub const CALL_ID_HEADER: &str = "x-call-id";
+pub const TIMING_HEADER: &str = "x-staccato-timing";
+pub const TIMEOUT_HEADER: &str = "x-staccato-timeout-ms";
+
+pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (req.method(), segs.as_slice()) {
+        (&Method::POST | &Method::GET, ["function", name]) => {
+            let name = name.to_string();
+            invoke(&sh, &th, &name, req).await
+        }
+        (&Method::GET, ["healthz"]) => {
+            let up = th.link.is_up();
+            let body = json!({"status": if up {"ok"} else {"degraded"}, "engine": if up {"up"} else {"down"}});
+            json_resp(if up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
+        }
+        (&Method::GET, ["metrics"]) => Response::builder()
+            .header(CONTENT_TYPE, "text/plain; version=0.0.4")
+            .body(Full::new(Bytes::from(sh.metrics.render())))
+            .expect("static response parts"),
+        (_, ["system", ..]) => {
+            if !authorized(&sh, &req) {
+                return error_resp(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token", None);
+            }
+            system(&sh, req, &segs[1..]).await
+        }
+        _ => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no route for {} {path}", req.method()), None),
+    }
+}
+
+fn authorized(sh: &GwShared, req: &Request<Incoming>) -> bool {
+    let Some(token) = sh.cfg.token.as_deref() else { return true };
+    let want = format!("Bearer {token}");
+    req.headers().get(hyper::header::AUTHORIZATION).is_some_and(|v| v.as_bytes() == want.as_bytes())
+}
+
+async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incoming>) -> Resp {
+    let start = Instant::now();
+    let call_id = th.next_call_id();
+    let max = sh.cfg.payload_len_max;
+    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let timeout_ms = req.headers().get(TIMEOUT_HEADER).and_then(|v| v.to_str().ok()?.parse::<u32>().ok()).unwrap_or(0);
+    let outcome = if !wire::valid_function_name(name) {
+        Err((ErrorKind::NotFound, format!("no function named {name:?}"), Timing::default()))
+    } else if declared.is_some_and(|n| n > max as u64) {
+        Err((ErrorKind::PayloadTooLarge, format!("request body exceeds the {max}-byte limit"), Timing::default()))
+    } else {
+        match Limited::new(req.into_body(), max).collect().await {
+            Err(e) => {
+                let (kind, msg) = if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    (ErrorKind::PayloadTooLarge, format!("request body exceeds the {max}-byte limit"))
+                } else {
+                    (ErrorKind::BadRequest, format!("reading request body: {e}"))
+                };
+                Err((kind, msg, Timing::default()))
+            }
+            Ok(body) => match th.link.call(call_id, timeout_ms, name, &body.to_bytes()).await {
+                Reply::Ok(out, t) => Ok((out, t)),
+                Reply::Err(k, m, t) => Err((k, m, t)),
+            },
+        }
+    };
+    let latency_s = start.elapsed().as_secs_f64();
+    let id = format!("{call_id:016x}");
+    match outcome {
+        Ok((out, t)) => {
+            sh.metrics.record(name, "ok", latency_s);
+            let mut r = Response::new(Full::new(out));
+            let h = r.headers_mut();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            h.insert(CALL_ID_HEADER, HeaderValue::from_str(&id).expect("hex is a valid header"));
+            h.insert(TIMING_HEADER, timing_header(t));
+            r
+        }
+        Err((kind, msg, t)) => {
+            sh.metrics.record(if kind == ErrorKind::NotFound { "_unknown" } else { name }, kind.name(), latency_s);
+            let status = StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let mut r = error_resp(status, kind.name(), &msg, Some(&id));
+            r.headers_mut().insert(CALL_ID_HEADER, HeaderValue::from_str(&id).expect("hex is a valid header"));
+            r.headers_mut().insert(TIMING_HEADER, timing_header(t));
+            r
+        }
+    }
+}
+
+fn timing_header(t: Timing) -> HeaderValue {
+    let s = format!("queue_us={},exec_us={},cold_us={}", t.queue_us, t.exec_us, t.cold_us);
+    HeaderValue::from_str(&s).expect("ascii digits")
+}
+
+async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Resp {
+    let method = req.method().clone();
+    let query = req.uri().query().unwrap_or("").to_string();
+    match (&method, segs) {
+        (&Method::GET, ["functions"]) => list(sh, None).await,
+        (&Method::GET, ["functions", name]) => list(sh, Some(name)).await,
+        (&Method::POST | &Method::PUT, ["functions"]) => {
+            let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("reading body: {e}"), None),
+            };
+            deploy(sh, &body).await
+        }
+        (&Method::DELETE, ["functions", name]) => remove(sh, name).await,
+        (&Method::GET, ["trace"]) => {
+            let mut req = json!({"op": "trace", "limit": 100});
+            for kv in query.split('&') {
+                match kv.split_once('=') {
+                    Some(("function", f)) => req["function"] = json!(f),
+                    Some(("limit", n)) => req["limit"] = json!(n.parse::<u64>().unwrap_or(100)),
+                    _ => {}
+                }
+            }
+            match sh.control.request(req).await {
+                Ok(v) => json_resp(StatusCode::OK, &v["traces"]),
+                Err(e) => error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e, None),
+            }
+        }
+        _ => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no route for {method} /system/{}", segs.join("/")), None),
+    }
+}
+
+async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
+    let specs = match sh.store.list() {
+        Ok(s) => s,
+        Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
+    };
+    let status = sh.control.request(json!({"op": "status"})).await;
+    let live: Vec<Value> = status.as_ref().ok().and_then(|v| v["functions"].as_array().cloned()).unwrap_or_default();
+    let mut out = Vec::new();
+    for s in specs.iter().filter(|s| one.is_none_or(|n| n == s.name)) {
+        let st = live.iter().find(|f| f["name"] == json!(s.name)).cloned().unwrap_or(Value::Null);
+        out.push(json!({
+            "name": s.name,
+            "runtime": s.runtime.name(),
+            "handler": s.handler_or_default(),
+            "min_workers": s.min_workers,
+            "max_workers": s.max_workers,
+            "timeout_ms": s.timeout_ms,
+            "env": s.env,
+            "status": st,
+        }));
+    }
+    match (one, out.pop()) {
+        (Some(n), None) => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {n:?}"), None),
+        (Some(_), Some(f)) => json_resp(StatusCode::OK, &f),
+        (None, last) => {
+            out.extend(last);
+            json_resp(StatusCode::OK, &Value::Array(out))
+        }
+    }
+}
+
+async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
+    let parsed: Result<Vec<FunctionSpec>, String> = serde_json::from_slice::<Value>(body)
+        .map_err(|e| format!("invalid JSON: {e}"))
+        .and_then(|v| {
+            let arr = match v.get("functions") {
+                Some(a) => a.clone(),
+                None => Value::Array(vec![v]),
+            };
+            serde_json::from_value(arr).map_err(|e| format!("invalid function spec: {e}"))
+        });
+    let specs = match parsed {
+        Ok(s) if !s.is_empty() => s,
+        Ok(_) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", "no functions given", None),
+        Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
+    };
+    let mut deployed = Vec::new();
+    for spec in specs {
+        if let Err(e) = spec.validate() {
+            return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("function {}: {e}", spec.name), None);
+        }
+        // Keep our own copy of the code: the function must survive a restart
+        // even if the user's directory changes or goes away.
+        let sh2 = sh.clone();
+        let spec2 = spec.clone();
+        let stored = tokio::task::spawn_blocking(move || sh2.archive(&spec2)).await;
+        let stored = match stored {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
+            Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
+        };
+        match sh.control.request(json!({"op": "register", "spec": stored})).await {
+            Ok(_) => {}
+            Err(e) if e.contains("unreachable") => {
+                return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e, None)
+            }
+            Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
+        }
+        if let Err(e) = sh.store.put(&stored) {
+            return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None);
+        }
+        deployed.push(stored.name.clone());
+    }
+    json_resp(StatusCode::OK, &json!({ "deployed": deployed }))
+}
+
+async fn remove(sh: &GwShared, name: &str) -> Resp {
+    let in_store = match sh.store.remove(name) {
+        Ok(b) => b,
+        Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
+    };
+    let in_engine = sh.control.request(json!({"op": "unregister", "name": name})).await.is_ok();
+    if !in_store && !in_engine {
+        return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None);
+    }
+    let _ = std::fs::remove_dir_all(sh.cfg.state_dir.join("artifacts").join(name));
+    json_resp(StatusCode::OK, &json!({ "removed": name }))
+}
+
+pub fn json_resp(status: StatusCode, v: &Value) -> Resp {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(v).unwrap_or_default())))
+        .expect("static response parts")
+}
+
+pub fn error_resp(status: StatusCode, kind: &str, message: &str, call_id: Option<&str>) -> Resp {
+    json_resp(status, &json!({"error": {"kind": kind, "message": message, "call_id": call_id}}))
+}

@@ -1,0 +1,198 @@
+//! The Staccato gateway: the HTTP front door. External calls arrive here and
+//! go to an engine over a persistent TCP connection (Nightcore §3.1);
+//! internal calls never pass through it (§3.2).
+//!
+//! Threads: `threads` HTTP threads, each a current-thread tokio runtime with
+//! its own SO_REUSEPORT listener and its own engine connection, so a request
+//! is parsed, forwarded and answered on one thread (and, pinned, one vCPU).
+//! Management requests go to the engine through one control thread.
+#![forbid(unsafe_code)]
+
+mod control;
+mod engine_link;
+pub mod http;
+pub mod manifest;
+mod metrics;
+pub mod store;
+
+use control::ControlClient;
+use engine::spec::FunctionSpec;
+use engine_link::EngineLink;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use store::Store;
+
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    pub engine: SocketAddr,
+    pub threads: usize,
+    /// Required on `/system/*` when set; must be set to listen beyond loopback.
+    pub token: Option<String>,
+    pub state_dir: PathBuf,
+    pub payload_len_max: usize,
+    /// Pin HTTP thread i to the i-th allowed CPU (see engine `Placement`).
+    pub pin_threads: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("refusing to listen on {0} without a management token (set --token or STACCATO_TOKEN)")]
+    NoToken(SocketAddr),
+    #[error("listening on {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub struct Gateway {
+    pub addr: SocketAddr,
+}
+
+pub(crate) struct GwShared {
+    pub cfg: GatewayConfig,
+    pub store: Arc<Store>,
+    pub metrics: metrics::Metrics,
+    pub control: ControlClient,
+}
+
+impl GwShared {
+    /// Copies a function's source into the gateway's artifact directory and
+    /// returns the spec pointing at that copy.
+    fn archive(&self, spec: &FunctionSpec) -> Result<FunctionSpec, String> {
+        let src = &spec.source_dir;
+        if !src.is_dir() {
+            return Err(format!("function {}: source directory {} does not exist", spec.name, src.display()));
+        }
+        let gen = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let base = self.cfg.state_dir.join("artifacts").join(&spec.name);
+        let dest = base.join(gen.to_string());
+        copy_tree(src, &dest).map_err(|e| format!("function {}: archiving source: {e}", spec.name))?;
+        // Older archives of this function are no longer needed.
+        if let Ok(rd) = std::fs::read_dir(&base) {
+            for e in rd.flatten() {
+                if e.path() != dest {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Ok(FunctionSpec { source_dir: dest, ..spec.clone() })
+    }
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let ty = e.file_type()?;
+        let name = e.file_name();
+        if ty.is_dir() && name != "__pycache__" && name != "node_modules" && name != ".git" {
+            copy_tree(&e.path(), &to.join(&name))?;
+        } else if ty.is_file() {
+            std::fs::copy(e.path(), to.join(&name))?;
+        }
+    }
+    Ok(())
+}
+
+/// Per-thread state: the thread's engine link and call id counter.
+pub(crate) struct ThreadState {
+    pub link: Rc<EngineLink>,
+    next_seq: Cell<u64>,
+    thread: u64,
+}
+
+impl ThreadState {
+    /// Gateway call ids: bit 63 set (docs/protocol.md), the thread index in
+    /// bits 56..63, a counter below that which starts at the start-up time in
+    /// microseconds so a restarted gateway does not reuse recent ids.
+    pub fn next_call_id(&self) -> u64 {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        wire::GATEWAY_CALL_ID_BIT | (self.thread << 56) | (seq & ((1 << 56) - 1))
+    }
+}
+
+pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
+    if !cfg.listen.ip().is_loopback() && cfg.token.as_deref().is_none_or(str::is_empty) {
+        return Err(GatewayError::NoToken(cfg.listen));
+    }
+    std::fs::create_dir_all(&cfg.state_dir)?;
+    let store = Arc::new(Store::open(&cfg.state_dir.join("functions.redb"))?);
+    let control = ControlClient::start(cfg.engine, store.clone());
+    let threads = cfg.threads.max(1);
+    // Bind the first listener here so an address in use is reported to the
+    // caller, and so port 0 resolves to one port every thread shares.
+    let first = bind(cfg.listen).map_err(|e| GatewayError::Listen(cfg.listen, e))?;
+    let addr = first.local_addr()?;
+    let sh = Arc::new(GwShared { cfg, store, metrics: Default::default(), control });
+    let cpus = ipc::cpus_allowed();
+    let mut listeners = vec![first];
+    for _ in 1..threads {
+        listeners.push(bind(addr).map_err(|e| GatewayError::Listen(addr, e))?);
+    }
+    for (i, l) in listeners.into_iter().enumerate() {
+        let sh = sh.clone();
+        let cpu = sh.cfg.pin_threads.then(|| cpus[i % cpus.len()]);
+        std::thread::Builder::new().name(format!("gateway-{i}")).spawn(move || serve_thread(sh, i, l, cpu))?;
+    }
+    Ok(Gateway { addr })
+}
+
+fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
+fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, cpu: Option<usize>) {
+    if let Some(c) = cpu {
+        let _ = ipc::set_affinity(0, &[c]);
+    }
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            log::error!("gateway thread {idx}: {e}");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                log::error!("gateway thread {idx}: {e}");
+                return;
+            }
+        };
+        let link = EngineLink::start(sh.cfg.engine, idx as u32);
+        let start_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
+        let th = Rc::new(ThreadState { link, next_seq: Cell::new(start_us), thread: idx as u64 & 0x7f });
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let _ = stream.set_nodelay(true);
+            let (sh, th) = (sh.clone(), th.clone());
+            tokio::task::spawn_local(async move {
+                let svc = service_fn(move |req| {
+                    let (sh, th) = (sh.clone(), th.clone());
+                    async move { Ok::<_, Infallible>(http::handle(sh, th, req).await) }
+                });
+                let _ = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc).await;
+            });
+        }
+    });
+}

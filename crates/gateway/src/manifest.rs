@@ -1,0 +1,175 @@
+//! Function manifests: YAML in the spirit of faas-cli's stack.yml, several
+//! functions per file.
+//!
+//! ```yaml
+//! version: 1
+//! functions:
+//!   hello:
+//!     runtime: python          # python | c
+//!     handler: handler:handle  # python module:function; c: source file
+//!     source: ./hello          # directory, relative to this file
+//!     min_workers: 1
+//!     max_workers: 8
+//!     timeout: 5s              # 250ms, 5s, 2m, or a number of milliseconds
+//!     env: { GREETING: hi }
+//! ```
+//!
+//! Every error names the line it is about.
+
+use engine::spec::{self, FunctionSpec, Runtime};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct ManifestError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.line > 0 {
+            write!(f, "line {}: {}", self.line, self.message)
+        } else {
+            write!(f, "{}", self.message)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Manifest {
+    #[serde(default)]
+    version: Option<u32>,
+    functions: BTreeMap<String, Entry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    runtime: Runtime,
+    #[serde(default)]
+    handler: String,
+    #[serde(default)]
+    source: Option<String>,
+    #[serde(default = "spec::default_min_workers")]
+    min_workers: u32,
+    #[serde(default = "spec::default_max_workers")]
+    max_workers: u32,
+    #[serde(default)]
+    timeout: Option<serde_yaml::Value>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+/// Parses a manifest; relative `source` paths are resolved against `base`.
+pub fn parse(text: &str, base: &Path) -> Result<Vec<FunctionSpec>, ManifestError> {
+    let m: Manifest = serde_yaml::from_str(text).map_err(|e| ManifestError {
+        line: e.location().map_or(0, |l| l.line()),
+        message: e.to_string().split(" at line ").next().unwrap_or_default().to_string(),
+    })?;
+    if let Some(v) = m.version {
+        if v != 1 {
+            return Err(ManifestError { line: line_of(text, "version:"), message: format!("unsupported version {v}") });
+        }
+    }
+    if m.functions.is_empty() {
+        return Err(ManifestError { line: line_of(text, "functions:"), message: "no functions defined".into() });
+    }
+    let mut out = Vec::new();
+    for (name, e) in m.functions {
+        let line = line_of(text, &format!("{name}:"));
+        let err = |message: String| ManifestError { line, message: format!("function {name}: {message}") };
+        let timeout_ms = match &e.timeout {
+            None => spec::default_timeout_ms(),
+            Some(v) => parse_duration_ms(v).map_err(err)?,
+        };
+        let source = e.source.as_deref().unwrap_or(".");
+        let dir = base.join(source);
+        let source_dir = dir.canonicalize().map_err(|x| err(format!("source {}: {x}", dir.display())))?;
+        let s = FunctionSpec {
+            name: name.clone(),
+            runtime: e.runtime,
+            handler: e.handler,
+            source_dir,
+            min_workers: e.min_workers,
+            max_workers: e.max_workers,
+            timeout_ms,
+            env: e.env,
+        };
+        s.validate().map_err(err)?;
+        out.push(s);
+    }
+    Ok(out)
+}
+
+fn parse_duration_ms(v: &serde_yaml::Value) -> Result<u64, String> {
+    if let Some(n) = v.as_u64() {
+        return Ok(n);
+    }
+    let s = v.as_str().ok_or_else(|| format!("timeout must be a duration like 5s, got {v:?}"))?.trim();
+    let (num, mult) = if let Some(x) = s.strip_suffix("ms") {
+        (x, 1.0)
+    } else if let Some(x) = s.strip_suffix('s') {
+        (x, 1e3)
+    } else if let Some(x) = s.strip_suffix('m') {
+        (x, 60e3)
+    } else {
+        (s, 1.0)
+    };
+    let n: f64 = num.trim().parse().map_err(|_| format!("timeout {s:?} is not a duration like 250ms, 5s or 2m"))?;
+    if !(n > 0.0) {
+        return Err(format!("timeout {s:?} must be positive"));
+    }
+    Ok((n * mult).round() as u64)
+}
+
+/// The 1-based line where `needle` first starts a (trimmed) line; 0 if none.
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.trim_start().starts_with(needle)).map_or(0, |i| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> std::path::PathBuf {
+        std::env::temp_dir()
+    }
+
+    #[test]
+    fn parses_several_functions() {
+        let y = "version: 1\nfunctions:\n  a:\n    runtime: python\n    timeout: 250ms\n  b:\n    runtime: c\n    handler: nop.c\n    max_workers: 2\n    min_workers: 0\n    timeout: 2s\n";
+        let specs = parse(y, &base()).expect("valid");
+        assert_eq!(specs.len(), 2);
+        assert_eq!(specs[0].timeout_ms, 250);
+        assert_eq!(specs[1].timeout_ms, 2000);
+        assert_eq!(specs[1].runtime, Runtime::C);
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let y = "functions:\n  a:\n    runtime: ruby\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.message.contains("ruby") || e.message.contains("unknown variant"), "{e}");
+
+        let y = "functions:\n  a:\n    runtime: python\n  b:\n    runtime: python\n    min_workers: 5\n    max_workers: 2\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert_eq!(e.line, 4, "{e}");
+        assert!(e.message.contains("min_workers"), "{e}");
+
+        let y = "functions:\n  a:\n    runtime: python\n    colour: blue\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert!(e.line >= 3 && e.message.contains("colour"), "{e}");
+
+        let y = "functions:\n  a:\n    runtime: python\n    timeout: soon\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("soon"), "{e}");
+
+        let e = parse("functions: [", &base()).unwrap_err();
+        assert!(e.line >= 1, "{e}");
+    }
+}

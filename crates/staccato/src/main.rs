@@ -1,0 +1,256 @@
+//! `staccato`: run the platform (`up`), manage functions (`deploy`, `ls`,
+//! `rm`, `logs`), call them (`invoke`), and measure it (`bench`).
+
+mod bench;
+mod client;
+mod up;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
+use client::Client;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "staccato", version, about = "Serverless functions with microsecond-scale overheads")]
+struct Cli {
+    /// Gateway to talk to.
+    #[arg(long, global = true, env = "STACCATO_GATEWAY", default_value = "http://127.0.0.1:8080")]
+    gateway: String,
+    /// Bearer token for the management API.
+    #[arg(long, global = true, env = "STACCATO_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start the gateway and an engine on this machine.
+    Up(up::UpArgs),
+    /// Stop a Staccato started with `up --detach`.
+    Down {
+        #[arg(long, env = "STACCATO_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Deploy the functions of a manifest (a file, or a directory holding staccato.yml).
+    Deploy { path: PathBuf },
+    /// Call a function and print its output.
+    Invoke {
+        name: String,
+        /// Input; without it, standard input is read (unless it is a terminal).
+        #[arg(short, long)]
+        data: Option<String>,
+        /// Give up after this many milliseconds (never longer than the function's timeout).
+        #[arg(long)]
+        timeout_ms: Option<u32>,
+        /// Print the call id and timing to standard error.
+        #[arg(short, long)]
+        verbose: bool,
+    },
+    /// List deployed functions.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove functions.
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Print a function's log (its workers' standard output and error).
+    Logs {
+        name: String,
+        #[arg(long, env = "STACCATO_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+        /// Lines from the end.
+        #[arg(short = 'n', long, default_value_t = 50)]
+        lines: usize,
+    },
+    /// Recent call traces (receive, dispatch, complete timestamps).
+    Trace {
+        name: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let client = || Client::new(&cli.gateway, cli.token.clone()).with_context(|| format!("gateway {}", cli.gateway));
+    match cli.cmd {
+        Cmd::Up(args) => up::up(args),
+        Cmd::Down { state_dir } => up::down(state_dir),
+        Cmd::Deploy { ref path } => deploy(&mut client()?, path),
+        Cmd::Invoke { ref name, ref data, timeout_ms, verbose } => {
+            invoke(&mut client()?, name, data.as_deref(), timeout_ms, verbose)
+        }
+        Cmd::Ls { json } => ls(&mut client()?, json),
+        Cmd::Rm { ref names } => {
+            let mut c = client()?;
+            for n in names {
+                let r = c.request("DELETE", &format!("/system/functions/{n}"), b"").map_err(unreachable(&cli.gateway))?;
+                check(&r)?;
+                println!("Removed {n}");
+            }
+            Ok(())
+        }
+        Cmd::Logs { ref name, ref state_dir, lines } => {
+            let path = up::state_dir(state_dir.clone()).join("logs").join(format!("{name}.log"));
+            let text = std::fs::read_to_string(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
+            let all: Vec<&str> = text.lines().collect();
+            for l in &all[all.len().saturating_sub(lines)..] {
+                println!("{l}");
+            }
+            Ok(())
+        }
+        Cmd::Trace { ref name, limit } => {
+            let mut path = format!("/system/trace?limit={limit}");
+            if let Some(n) = name {
+                path.push_str(&format!("&function={n}"));
+            }
+            let r = client()?.request("GET", &path, b"").map_err(unreachable(&cli.gateway))?;
+            let v = check(&r)?;
+            println!("{:<18} {:<18} {:<16} {:>8} {:>10} {:>10}  outcome", "call", "parent", "function", "worker", "queue_us", "exec_us");
+            for t in v.as_array().into_iter().flatten() {
+                let n = |k: &str| t[k].as_u64().unwrap_or(0);
+                let queue = n("dispatch_ns").saturating_sub(n("receive_ns")) / 1000;
+                let exec = if n("dispatch_ns") > 0 { n("complete_ns").saturating_sub(n("dispatch_ns")) / 1000 } else { 0 };
+                println!(
+                    "{:<18} {:<18} {:<16} {:>8} {:>10} {:>10}  {}",
+                    t["call_id"].as_str().unwrap_or(""),
+                    t["parent_call_id"].as_str().unwrap_or(""),
+                    t["function"].as_str().unwrap_or(""),
+                    n("worker_id"),
+                    queue,
+                    exec,
+                    t["outcome"].as_str().unwrap_or("")
+                );
+            }
+            Ok(())
+        }
+        Cmd::Bench(b) => bench::run(b),
+    }
+}
+
+fn unreachable(gw: &str) -> impl Fn(std::io::Error) -> anyhow::Error + '_ {
+    move |e| anyhow!("cannot reach the gateway at {gw}: {e} (is `staccato up` running?)")
+}
+
+/// Turns an error response into an error carrying the gateway's message.
+fn check(r: &client::Response) -> Result<Value> {
+    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    if r.status >= 400 {
+        let kind = v["error"]["kind"].as_str().unwrap_or("error");
+        let msg = v["error"]["message"].as_str().map(String::from).unwrap_or_else(|| String::from_utf8_lossy(&r.body).into());
+        bail!("{kind} (HTTP {}): {msg}", r.status);
+    }
+    Ok(v)
+}
+
+fn manifest_path(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        for name in ["staccato.yml", "staccato.yaml", "stack.yml"] {
+            if path.join(name).is_file() {
+                return path.join(name);
+            }
+        }
+        return path.join("staccato.yml");
+    }
+    path.to_path_buf()
+}
+
+fn deploy(c: &mut Client, path: &Path) -> Result<()> {
+    let file = manifest_path(path);
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let base = file.parent().unwrap_or(Path::new("."));
+    let specs = gateway::manifest::parse(&text, base).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+    for spec in specs {
+        print!("Deploying {} ({}) ... ", spec.name, spec.runtime.name());
+        std::io::stdout().flush().ok();
+        let t = Instant::now();
+        let body = serde_json::to_vec(&serde_json::json!({ "functions": [spec] }))?;
+        let r = c.request("POST", "/system/functions", &body).context("cannot reach the gateway (is `staccato up` running?)")?;
+        match check(&r) {
+            Ok(_) => println!("ok ({:.2}s)", t.elapsed().as_secs_f64()),
+            Err(e) => {
+                println!("failed");
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn invoke(c: &mut Client, name: &str, data: Option<&str>, timeout_ms: Option<u32>, verbose: bool) -> Result<()> {
+    let input = match data {
+        Some(d) => d.as_bytes().to_vec(),
+        None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => Vec::new(),
+        None => {
+            let mut b = Vec::new();
+            std::io::stdin().read_to_end(&mut b)?;
+            b
+        }
+    };
+    let path = format!("/function/{name}");
+    let timeout = timeout_ms.map(|ms| ms.to_string());
+    let headers: Vec<(&str, &str)> = timeout.iter().map(|t| ("X-Staccato-Timeout-Ms", t.as_str())).collect();
+    let r = c
+        .request_with_headers("POST", &path, &input, &headers)
+        .context("cannot reach the gateway (is `staccato up` running?)")?;
+    if verbose {
+        eprintln!(
+            "call {}  status {}  {}",
+            r.header("x-call-id").unwrap_or("-"),
+            r.status,
+            r.header("x-staccato-timing").unwrap_or("")
+        );
+    }
+    if r.status >= 400 {
+        check(&r)?;
+    }
+    std::io::stdout().write_all(&r.body)?;
+    if std::io::IsTerminal::is_terminal(&std::io::stdout()) && !r.body.ends_with(b"\n") {
+        println!();
+    }
+    Ok(())
+}
+
+fn ls(c: &mut Client, json: bool) -> Result<()> {
+    let r = c.request("GET", "/system/functions", b"").context("cannot reach the gateway (is `staccato up` running?)")?;
+    let v = check(&r)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("{:<20} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}", "NAME", "RUNTIME", "POOL", "MIN/MAX", "TAU", "RUNNING", "QUEUED", "CALLS", "FAILED");
+    for f in v.as_array().into_iter().flatten() {
+        let s = &f["status"]["scheduler"];
+        let n = |x: &Value| x.as_u64().map_or("-".to_string(), |n| n.to_string());
+        println!(
+            "{:<20} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}",
+            f["name"].as_str().unwrap_or(""),
+            f["runtime"].as_str().unwrap_or(""),
+            n(&s["pool"]),
+            format!("{}/{}", f["min_workers"], f["max_workers"]),
+            n(&s["tau"]),
+            n(&s["running"]),
+            n(&s["queued"]),
+            n(&f["status"]["completed"]),
+            n(&f["status"]["failed"]),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! Gateway ↔ engine frames over TCP (docs/protocol.md §2).
+
+pub const FRAME_HEADER_LEN: usize = 32;
+
+/// Upper bound on a frame body: the largest payload plus room for a name.
+/// A peer announcing more is broken or hostile; the connection is dropped.
+pub const FRAME_BODY_LEN_MAX: usize = 64 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum FrameKind {
+    Hello = 1,
+    Call = 2,
+    Result = 3,
+    Error = 4,
+    Control = 5,
+    ControlReply = 6,
+}
+
+impl FrameKind {
+    pub fn from_code(code: u16) -> Option<FrameKind> {
+        Some(match code {
+            1 => FrameKind::Hello,
+            2 => FrameKind::Call,
+            3 => FrameKind::Result,
+            4 => FrameKind::Error,
+            5 => FrameKind::Control,
+            6 => FrameKind::ControlReply,
+            _ => return None,
+        })
+    }
+}
+
+/// Decoded frame header. `a`, `b`, `c` mean different things per kind; the
+/// accessors below name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub body_len: u32,
+    pub kind: FrameKind,
+    pub error_kind: u16,
+    pub call_id: u64,
+    pub a: u32,
+    pub b: u32,
+    pub c: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    Kind(u16),
+    BodyTooLong(u32),
+    Reserved,
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Kind(k) => write!(f, "unknown frame kind {k}"),
+            FrameError::BodyTooLong(n) => write!(f, "frame body of {n} bytes exceeds {FRAME_BODY_LEN_MAX}"),
+            FrameError::Reserved => write!(f, "reserved frame bytes are not zero"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+impl FrameHeader {
+    pub fn new(kind: FrameKind, call_id: u64, body_len: usize) -> FrameHeader {
+        FrameHeader { body_len: body_len as u32, kind, error_kind: 0, call_id, a: 0, b: 0, c: 0 }
+    }
+
+    pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+        let mut b = [0u8; FRAME_HEADER_LEN];
+        b[0..4].copy_from_slice(&self.body_len.to_le_bytes());
+        b[4..6].copy_from_slice(&(self.kind as u16).to_le_bytes());
+        b[6..8].copy_from_slice(&self.error_kind.to_le_bytes());
+        b[8..16].copy_from_slice(&self.call_id.to_le_bytes());
+        b[16..20].copy_from_slice(&self.a.to_le_bytes());
+        b[20..24].copy_from_slice(&self.b.to_le_bytes());
+        b[24..28].copy_from_slice(&self.c.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; FRAME_HEADER_LEN]) -> Result<FrameHeader, FrameError> {
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+        let code = u16::from_le_bytes([b[4], b[5]]);
+        let kind = FrameKind::from_code(code).ok_or(FrameError::Kind(code))?;
+        let body_len = u32_at(0);
+        if body_len as usize > FRAME_BODY_LEN_MAX {
+            return Err(FrameError::BodyTooLong(body_len));
+        }
+        if u32_at(28) != 0 {
+            return Err(FrameError::Reserved);
+        }
+        Ok(FrameHeader {
+            body_len,
+            kind,
+            error_kind: u16::from_le_bytes([b[6], b[7]]),
+            call_id: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            a: u32_at(16),
+            b: u32_at(20),
+            c: u32_at(24),
+        })
+    }
+}
+
+/// Timing the engine reports with each result, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Timing {
+    pub queue_us: u32,
+    pub exec_us: u32,
+    pub cold_us: u32,
+}
+
+impl Timing {
+    pub fn to_header(self, h: &mut FrameHeader) {
+        h.a = self.queue_us;
+        h.b = self.exec_us;
+        h.c = self.cold_us;
+    }
+
+    pub fn from_header(h: &FrameHeader) -> Timing {
+        Timing { queue_us: h.a, exec_us: h.b, cold_us: h.c }
+    }
+}
+
+/// Builds a complete `Call` frame: header, function name, input.
+pub fn call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Vec<u8> {
+    let mut h = FrameHeader::new(FrameKind::Call, call_id, name.len() + input.len());
+    h.a = timeout_ms;
+    h.b = name.len() as u32;
+    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + name.len() + input.len());
+    out.extend_from_slice(&h.encode());
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(input);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let mut h = FrameHeader::new(FrameKind::Result, 1 << 63 | 5, 10);
+        Timing { queue_us: 1, exec_us: 2, cold_us: 3 }.to_header(&mut h);
+        assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
+    fn rejects_bad_frames() {
+        let mut b = FrameHeader::new(FrameKind::Call, 1, 0).encode();
+        b[4] = 99;
+        assert_eq!(FrameHeader::decode(&b), Err(FrameError::Kind(99)));
+        let mut b = FrameHeader::new(FrameKind::Call, 1, 0).encode();
+        b[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(FrameHeader::decode(&b), Err(FrameError::BodyTooLong(_))));
+        let mut b = FrameHeader::new(FrameKind::Call, 1, 0).encode();
+        b[31] = 1;
+        assert_eq!(FrameHeader::decode(&b), Err(FrameError::Reserved));
+    }
+}

@@ -1,0 +1,2 @@
+build/shm.o: src/shm.c src/shm.h
+src/shm.h:

@@ -1,0 +1,2 @@
+build/test_wire: tests/test_wire.c src/wire.h
+src/wire.h:

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Runs the C runtime's tests (used by `make test`): the codec test binary
+against the shared vectors, then the live host tests under pytest.  Prints,
+as its last line, "N passed, N failed" summed over both."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+class Counter:
+    """pytest plugin counting test outcomes (setup/teardown errors count as failures)."""
+
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" and report.passed:
+            self.passed += 1
+        elif report.failed:
+            self.failed += 1
+
+
+def run_wire(binary, vectors):
+    proc = subprocess.run([binary, vectors], capture_output=True, text=True)
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    lines = proc.stdout.strip().splitlines()
+    m = re.fullmatch(r"(\d+) passed, (\d+) failed", lines[-1]) if lines else None
+    if not m:
+        print(f"{binary} did not report its results (exit status {proc.returncode})")
+        return 0, 1
+    return int(m[1]), int(m[2])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wire", required=True)
+    ap.add_argument("--vectors", required=True)
+    ap.add_argument("--host", required=True)
+    ap.add_argument("--handler", required=True)
+    ap.add_argument("--nosym", required=True)
+    args = ap.parse_args()
+
+    print("== test_wire")
+    wire_passed, wire_failed = run_wire(args.wire, args.vectors)
+
+    print("== test_host.py")
+    os.environ.update(STACCATO_C_HOST=str(Path(args.host).resolve()),
+                      STACCATO_C_HANDLER=str(Path(args.handler).resolve()),
+                      STACCATO_C_NOSYM=str(Path(args.nosym).resolve()))
+    sys.dont_write_bytecode = True
+    counter = Counter()
+    pytest.main(["-q", "-p", "no:cacheprovider", str(HERE / "test_host.py")], plugins=[counter])
+
+    passed, failed = wire_passed + counter.passed, wire_failed + counter.failed
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

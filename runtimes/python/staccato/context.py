@@ -1,0 +1,80 @@
+"""The per-invocation context handed to a function handler."""
+import logging
+import time
+
+from .wire import NAME_MAX
+
+_log = logging.getLogger("staccato.function")
+
+
+class _CallAdapter(logging.LoggerAdapter):
+    """Prefixes every line with the function name and the call id."""
+
+    def process(self, msg, kwargs):
+        return f"[{self.extra['function']} {self.extra['call_id']:016x}] {msg}", kwargs
+
+
+class Context:
+    """What a handler knows about its invocation, and how it calls others.
+
+    ``call_id`` / ``parent_call_id`` are the wire ids (``parent_call_id`` is 0
+    for calls from the gateway); ``deadline`` is Unix seconds or None.
+    """
+
+    __slots__ = ("call_id", "parent_call_id", "deadline_us", "_channel", "_logger")
+
+    def __init__(self, channel, call_id, parent_call_id, deadline_us):
+        self._channel = channel
+        self.call_id = call_id
+        self.parent_call_id = parent_call_id
+        self.deadline_us = deadline_us
+        self._logger = None
+
+    @property
+    def function(self):
+        return self._channel.runtime.function
+
+    @property
+    def worker_id(self):
+        return self._channel.worker_id
+
+    @property
+    def deadline(self):
+        """Absolute deadline in Unix seconds, or None when there is none."""
+        return self.deadline_us / 1e6 if self.deadline_us else None
+
+    def remaining(self):
+        """Seconds left until the deadline (never negative), or None."""
+        if not self.deadline_us:
+            return None
+        return max(0.0, self.deadline_us / 1e6 - time.time())
+
+    @property
+    def logger(self):
+        # Built lazily: most invocations never log, and the hot path should
+        # not pay for an adapter object per call.
+        if self._logger is None:
+            self._logger = _CallAdapter(_log, {"function": self.function,
+                                               "call_id": self.call_id})
+        return self._logger
+
+    async def call(self, name, data=b""):
+        """Calls function ``name`` with ``data``; returns its output bytes.
+
+        Raises staccato.CallError(kind, message) when the call fails, ValueError for an
+        invalid name. Several calls may be in flight at once (asyncio.gather).
+        """
+        name_b = name.encode("utf-8")
+        if not 1 <= len(name_b) <= NAME_MAX:
+            raise ValueError(f"function name must be 1..{NAME_MAX} UTF-8 bytes, got {len(name_b)}")
+        if type(data) is not bytes:
+            data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        channel = self._channel
+        call_id, fut = channel.start_call(name_b, data, self.call_id, self.deadline_us)
+        try:
+            return await fut
+        finally:
+            channel.forget_call(call_id)
+
+
+__all__ = ["Context"]

@@ -1,0 +1,2 @@
+def handle(ctx, data):
+    raise ValueError("bad input: " + data.decode(errors="replace"))
