@@ -338,7 +338,7 @@ impl IoThread {
             let processing = rec
                 .as_ref()
                 .map_or(0, |r| now.saturating_sub(r.dispatch_ns).saturating_sub(r.sub_queue_ns));
-            core.sched.complete(worker_id, call_id, processing);
+            core.sched.complete(worker_id, call_id, processing, now);
             match outcome {
                 Outcome::Ok(_) => core.completed += 1,
                 Outcome::Err(..) => core.failed += 1,
@@ -596,7 +596,7 @@ impl IoThread {
         }
         self.next_tick_ns = now + TICK_NS;
         for f in self.shared.functions() {
-            let replies = self.shared.pump(&f, self.idx);
+            let replies = self.shared.pump_with(&f, self.idx, true);
             self.send_replies(replies);
         }
     }

@@ -10,7 +10,9 @@
 //!   to run than there are idle or starting workers, and never drops below
 //!   `min_workers`;
 //! * the pool shrinks when it holds more than max(2τ, min_workers) workers,
-//!   by stopping idle ones, least recently used first.
+//!   by stopping workers that have been idle for a while, least recently
+//!   used first. τ moves at microsecond scale; without the idle time the
+//!   pool would churn (fork, exit, fork) as τ steps between 1 and 2.
 
 use crate::concurrency::ConcurrencyHint;
 use std::collections::{BTreeMap, VecDeque};
@@ -32,6 +34,8 @@ pub struct Worker {
     pub owner: usize,
     /// When the worker became ready (monotonic ns), to tell cold calls.
     pub ready_ns: u64,
+    /// When it last became idle.
+    pub idle_since_ns: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -156,7 +160,7 @@ impl Scheduler {
     }
 
     pub fn worker_starting(&mut self, id: u32, owner: usize) {
-        self.workers.insert(id, Worker { state: WorkerState::Starting, owner, ready_ns: 0 });
+        self.workers.insert(id, Worker { state: WorkerState::Starting, owner, ready_ns: 0, idle_since_ns: 0 });
     }
 
     /// The worker said hello. Returns false for a worker we did not ask for.
@@ -165,6 +169,7 @@ impl Scheduler {
             Some(w) if w.state == WorkerState::Starting => {
                 w.state = WorkerState::Idle;
                 w.ready_ns = now_ns;
+                w.idle_since_ns = now_ns;
                 self.idle.push(id);
                 true
             }
@@ -176,13 +181,14 @@ impl Scheduler {
         self.workers.get(&id)
     }
 
-    /// Worker `id` finished call `call_id`.
-    pub fn complete(&mut self, id: u32, call_id: u64, processing_ns: u64) -> bool {
+    /// Worker `id` finished call `call_id` at `now_ns`.
+    pub fn complete(&mut self, id: u32, call_id: u64, processing_ns: u64, now_ns: u64) -> bool {
         let Some(w) = self.workers.get_mut(&id) else { return false };
         if w.state != WorkerState::Busy(call_id) {
             return false;
         }
         w.state = WorkerState::Idle;
+        w.idle_since_ns = now_ns;
         self.running -= 1;
         self.idle.push(id);
         self.hint.on_processed(processing_ns);
@@ -214,8 +220,9 @@ impl Scheduler {
         ids
     }
 
-    /// Idle workers to stop now, marked `Stopping`.
-    pub fn surplus(&mut self, now_ns: u64) -> Vec<u32> {
+    /// Idle workers to stop now, marked `Stopping`: only those idle for at
+    /// least `idle_min_ns`.
+    pub fn surplus(&mut self, now_ns: u64, idle_min_ns: u64) -> Vec<u32> {
         let limit = (2 * self.tau(now_ns)).max(self.min_workers) as usize;
         let mut pool = self
             .workers
@@ -224,10 +231,13 @@ impl Scheduler {
             .count();
         let mut out = Vec::new();
         while pool > limit && !self.idle.is_empty() {
-            let id = self.idle.remove(0);
-            if let Some(w) = self.workers.get_mut(&id) {
-                w.state = WorkerState::Stopping;
+            let id = self.idle[0];
+            let Some(w) = self.workers.get_mut(&id) else { break };
+            if now_ns.saturating_sub(w.idle_since_ns) < idle_min_ns {
+                break; // idle[] is in LRU order: the rest were used later
             }
+            w.state = WorkerState::Stopping;
+            self.idle.remove(0);
             out.push(id);
             pool -= 1;
         }
@@ -286,7 +296,7 @@ mod tests {
         s.enqueue(1, 0);
         let (c, w) = s.next_dispatch(0, 0).expect("dispatch");
         assert_eq!(c, 1);
-        s.complete(w, 1, 100 * MS);
+        s.complete(w, 1, 100 * MS, 100 * MS);
         s.enqueue(2, 1000 * MS);
         s.enqueue(3, 2000 * MS);
         assert_eq!(s.tau(2000 * MS), 1);
@@ -313,9 +323,9 @@ mod tests {
         let mut s = Scheduler::new(1, 4, 1e-3);
         ready_pool(&mut s, 1);
         s.enqueue(100, 0);
-        s.complete(1, 0, 0); // no-op: not busy with 0
+        assert!(!s.complete(1, 0, 0, 0)); // not busy with call 0
         let (_, w) = s.next_dispatch(0, 0).expect("dispatch");
-        s.complete(w, 100, 100 * MS);
+        s.complete(w, 100, 100 * MS, 100 * MS);
         // A burst: 10 calls a microsecond apart raise λ, so τ rises.
         for i in 0..10 {
             s.enqueue(i, 10 * MS + i * 1000);
@@ -333,8 +343,10 @@ mod tests {
     fn shrinks_idle_surplus_to_two_tau() {
         let mut s = Scheduler::new(1, 16, 1e-3);
         ready_pool(&mut s, 8);
+        // Recently idle workers are kept however large the surplus.
+        assert!(s.surplus(500 * MS, 1000 * MS).is_empty());
         // Idle for a long time: λ decays, τ = 1, keep max(2τ, min) = 2.
-        let stop = s.surplus(10_000 * MS);
+        let stop = s.surplus(10_000 * MS, 1000 * MS);
         assert_eq!(stop.len(), 6);
         assert_eq!(stop, vec![1, 2, 3, 4, 5, 6]); // least recently used first
         assert_eq!(s.remove_worker(1), Removed::Expected);

@@ -62,6 +62,9 @@ pub(crate) struct Launcher {
     pub last_error: String,
 }
 
+/// A worker must have been idle this long before the pool may shrink by it.
+pub(crate) const WORKER_IDLE_MIN_NS: u64 = 1_000_000_000;
+
 /// A launcher that died before saying hello is retried no sooner than this.
 pub(crate) const LAUNCH_RETRY: Duration = Duration::from_secs(1);
 
@@ -207,6 +210,12 @@ impl Shared {
     /// pool, (re)starts the launcher. Called after anything that may change
     /// what can run: an arrival, a completion, a worker joining or leaving.
     pub fn pump(&self, func: &Arc<Function>, cur: usize) -> Vec<GatewayReply> {
+        self.pump_with(func, cur, false)
+    }
+
+    /// `pump`, plus (with `housekeeping`) stopping surplus idle workers.
+    /// Shrinking happens only from the periodic housekeeping tick.
+    pub fn pump_with(&self, func: &Arc<Function>, cur: usize, housekeeping: bool) -> Vec<GatewayReply> {
         let now = ipc::monotonic_ns();
         let actions = {
             let mut core = lock(&func.core);
@@ -215,7 +224,7 @@ impl Shared {
             }
             let mut actions = Vec::new();
             self.plan_dispatches(&mut core, now, cur, &mut actions);
-            self.plan_pool(func, &mut core, now, &mut actions);
+            self.plan_pool(func, &mut core, now, housekeeping, &mut actions);
             actions
         };
         let mut replies = Vec::new();
@@ -255,7 +264,7 @@ impl Shared {
         }
     }
 
-    fn plan_pool(&self, func: &Arc<Function>, core: &mut FnCore, now: u64, out: &mut Vec<Action>) {
+    fn plan_pool(&self, func: &Arc<Function>, core: &mut FnCore, now: u64, housekeeping: bool, out: &mut Vec<Action>) {
         match core.launcher.state {
             LauncherState::Ready => {
                 let Some(ltx) = core.launcher.tx.clone() else { return };
@@ -272,7 +281,8 @@ impl Shared {
                         Err(e) => log::error!("{}: creating channel {worker_id}: {e}", func.spec.name),
                     }
                 }
-                for worker_id in core.sched.surplus(now) {
+                let surplus = if housekeeping { core.sched.surplus(now, WORKER_IDLE_MIN_NS) } else { Vec::new() };
+                for worker_id in surplus {
                     if let Some(h) = core.workers.get(&worker_id) {
                         out.push(Action::Stop { tx: h.tx.clone(), worker_id });
                     }

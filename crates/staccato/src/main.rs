@@ -108,7 +108,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Logs { ref name, ref state_dir, lines } => {
-            let path = up::state_dir(state_dir.clone()).join("logs").join(format!("{name}.log"));
+            // `up` gives the engine <state-dir>/engine, which keeps the logs.
+            let path = up::state_dir(state_dir.clone()).join("engine").join("logs").join(format!("{name}.log"));
             let text = std::fs::read_to_string(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
             let all: Vec<&str> = text.lines().collect();
             for l in &all[all.len().saturating_sub(lines)..] {

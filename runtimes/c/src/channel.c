@@ -45,16 +45,19 @@ int stc_chan_open(stc_chan *c, const char *ipc_dir, uint32_t id, long spin_us)
     c->rfd = c->wfd = -1;
     c->spin_us = spin_us;
     /* Opened blocking as the protocol says (the engine holds e2w O_RDWR, so
-     * this returns at once); switched to O_NONBLOCK afterwards so receives
-     * can spin. */
+     * this returns at once); switched to O_NONBLOCK only if receives spin. */
     if (fifo_path(path, sizeof path, ipc_dir, id, "e2w") < 0)
         return -1;
     c->rfd = open(path, O_RDONLY | O_CLOEXEC);
     if (c->rfd < 0)
         return -1;
-    int fl = fcntl(c->rfd, F_GETFL);
-    if (fl < 0 || fcntl(c->rfd, F_SETFL, fl | O_NONBLOCK) < 0)
-        goto fail;
+    /* Without spinning, a plain blocking read() is the cheapest wait: one
+     * syscall per message instead of read/EAGAIN, poll, read. */
+    if (spin_us > 0) {
+        int fl = fcntl(c->rfd, F_GETFL);
+        if (fl < 0 || fcntl(c->rfd, F_SETFL, fl | O_NONBLOCK) < 0)
+            goto fail;
+    }
     if (fifo_path(path, sizeof path, ipc_dir, id, "w2e") < 0)
         goto fail;
     c->wfd = open(path, O_WRONLY | O_CLOEXEC);

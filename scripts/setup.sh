@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what Staccato needs on a fresh Debian 12 machine and builds it.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+dpkg -s libcjson-dev >/dev/null 2>&1 || need_apt+=(libcjson-dev)
+command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "==> apt-get install ${need_apt[*]}"
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; else
+    echo "error: Rust (cargo) is required: https://rustup.rs" >&2; exit 1; fi
+fi
+python3 -c 'import sys; assert sys.version_info >= (3, 9)' || { echo "error: Python >= 3.9 is required" >&2; exit 1; }
+python3 -m pytest --version >/dev/null 2>&1 || { echo "==> pip install pytest"; python3 -m pip install -q pytest; }
+
+echo "==> building the Rust workspace (release)"
+cargo build --release --quiet
+echo "==> building the C runtime"
+make -s -C runtimes/c
+echo "==> ready: target/release/staccato"
