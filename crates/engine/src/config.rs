@@ -49,8 +49,8 @@ impl EngineConfig {
             payload_len_max: wire::PAYLOAD_LEN_MAX_DEFAULT,
             ema_alpha: 1e-3,
             placement: Placement::Packed,
-            worker_spin_us: 0,
-            engine_spin_us: 0,
+            worker_spin_us: 30,
+            engine_spin_us: 30,
             python: "python3".into(),
             launcher_ready_timeout_ms: 15_000,
         }

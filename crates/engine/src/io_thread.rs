@@ -13,8 +13,7 @@ use ipc::{MessageReader, ReadStatus};
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -25,10 +24,6 @@ use wire::message::{shm_file_name, Header, Kind, Message, INLINE_LEN_MAX};
 use wire::ErrorKind;
 
 pub(crate) const WAKER: Token = Token(0);
-
-/// Housekeeping (pool shrinking, launcher retries) runs this often, on
-/// thread 0 only.
-const TICK_NS: u64 = 100_000_000;
 
 struct Conn {
     stream: TcpStream,
@@ -55,9 +50,6 @@ pub(crate) struct IoThread {
     poll: Poll,
     entries: HashMap<Token, Entry>,
     next_token: usize,
-    /// (deadline, call id) of calls this thread received.
-    timers: BinaryHeap<Reverse<(u64, u64)>>,
-    next_tick_ns: u64,
     spin_until_ns: u64,
     /// Connections with bytes to flush at the end of this loop iteration:
     /// replies produced by one batch of events leave in one write.
@@ -72,8 +64,6 @@ impl IoThread {
             poll,
             entries: HashMap::new(),
             next_token: 1,
-            timers: BinaryHeap::new(),
-            next_tick_ns: 0,
             spin_until_ns: 0,
             dirty: Vec::new(),
         }
@@ -88,6 +78,11 @@ impl IoThread {
         let mut events = Events::with_capacity(256);
         loop {
             let timeout = self.poll_timeout();
+            if timeout == Some(Duration::ZERO) {
+                // Spinning: let whatever runs on this vCPU (often the worker
+                // we just dispatched to) go first.
+                std::thread::yield_now();
+            }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     log::error!("I/O thread {}: poll: {e}", self.idx);
@@ -104,8 +99,6 @@ impl IoThread {
             if !events.is_empty() && self.shared.cfg.engine_spin_us > 0 {
                 self.spin_until_ns = now + u64::from(self.shared.cfg.engine_spin_us) * 1000;
             }
-            self.run_timers(now);
-            self.tick(now);
             self.flush_dirty();
         }
     }
@@ -115,12 +108,9 @@ impl IoThread {
         if now < self.spin_until_ns {
             return Some(Duration::ZERO);
         }
-        let mut until = self.timers.peek().map(|Reverse((d, _))| *d);
-        if self.idx == 0 {
-            until = Some(until.map_or(self.next_tick_ns, |d| d.min(self.next_tick_ns)));
-        }
-        // Round up: a sub-millisecond wait must not become a busy loop.
-        until.map(|d| Duration::from_nanos(d.saturating_sub(now)).max(Duration::from_millis(1)))
+        // No timeout otherwise: deadlines and housekeeping live on the
+        // engine's clock thread, so an idle wait arms no timer.
+        None
     }
 
     fn token(&mut self) -> Token {
@@ -301,13 +291,11 @@ impl IoThread {
             log::warn!("{}: hello from unexpected worker {worker_id}", func.spec.name);
             return;
         }
-        // Workers of a process-per-worker runtime run where their channel's
-        // reader runs (Placement::Packed); a Python process serves channels
-        // of every thread, so it is left to the kernel.
-        if func.spec.runtime == crate::spec::Runtime::C {
-            if let Some(cpu) = self.shared.cpu_of(self.idx) {
-                let _ = ipc::set_affinity(pid as i32, &[cpu]);
-            }
+        // A worker runs on the vCPU of the thread that reads its channel
+        // (Placement::Packed), so a dispatch and its reply never cross vCPUs.
+        // (A Python process has all its channels on one thread.)
+        if let Some(cpu) = self.shared.cpu_of(self.idx) {
+            let _ = ipc::set_affinity(pid as i32, &[cpu]);
         }
         let replies = self.shared.pump(func, self.idx);
         self.send_replies(replies);
@@ -418,9 +406,6 @@ impl IoThread {
     }
 
     fn submit(&mut self, call_id: u64, rec: CallRecord) {
-        let now_us = ipc::unix_us();
-        let deadline_ns = rec.recv_ns + rec.deadline_us.saturating_sub(now_us) * 1000;
-        self.timers.push(Reverse((deadline_ns, call_id)));
         let replies = self.shared.submit(call_id, rec, self.idx);
         self.send_replies(replies);
     }
@@ -557,47 +542,6 @@ impl IoThread {
         }
         if failed {
             self.remove_entry(t);
-        }
-    }
-
-    // ---- time ----
-
-    fn run_timers(&mut self, now: u64) {
-        while let Some(Reverse((deadline, call_id))) = self.timers.peek().copied() {
-            if deadline > now {
-                break;
-            }
-            self.timers.pop();
-            let Some(rec) = lock(&self.shared.calls).remove(&call_id) else { continue };
-            let func = rec.func.clone();
-            let timeout_ms = rec.deadline_us.saturating_sub(rec.recv_unix_us) / 1000;
-            let msg = match rec.worker {
-                Some((worker_id, pid)) => {
-                    // The worker may be stuck in a loop: recycle it. Its
-                    // channel closing then replaces it.
-                    let _ = ipc::kill(pid);
-                    format!(
-                        "function {} did not finish within {timeout_ms} ms; worker {worker_id} was recycled",
-                        func.spec.name
-                    )
-                }
-                None => format!("call to {} waited {timeout_ms} ms in the queue without running", func.spec.name),
-            };
-            lock(&func.core).failed += 1;
-            self.shared.trace(call_id, &rec, rec.worker.map_or(0, |w| w.0), ErrorKind::Timeout.name());
-            let reply = self.shared.deliver(call_id, rec, Outcome::Err(ErrorKind::Timeout, msg), None);
-            self.send_replies(reply.into_iter().collect());
-        }
-    }
-
-    fn tick(&mut self, now: u64) {
-        if self.idx != 0 || now < self.next_tick_ns {
-            return;
-        }
-        self.next_tick_ns = now + TICK_NS;
-        for f in self.shared.functions() {
-            let replies = self.shared.pump_with(&f, self.idx, true);
-            self.send_replies(replies);
         }
     }
 }

@@ -3,6 +3,7 @@
 //! function, and dispatches them to workers under managed concurrency
 //! (Nightcore §3.1–§3.3, §4.1).
 
+mod clock;
 pub mod concurrency;
 pub mod config;
 mod io_thread;
@@ -12,7 +13,6 @@ pub mod spec;
 mod supervisor;
 
 pub use config::{EngineConfig, Placement};
-pub use shared::TraceRecord;
 
 use shared::{Cmd, Mailbox, Shared, SupervisorCmd};
 use std::collections::HashMap;
@@ -61,6 +61,8 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
     }
     let s = shared.clone();
     std::thread::Builder::new().name("engine-supervisor".into()).spawn(move || supervisor::run(s, sup_rx))?;
+    let s = shared.clone();
+    std::thread::Builder::new().name("engine-clock".into()).spawn(move || clock::run(s))?;
     let s = shared.clone();
     std::thread::Builder::new().name("engine-accept".into()).spawn(move || accept_loop(s, listener))?;
     Ok(Engine { addr })

@@ -9,7 +9,7 @@
 
 use crate::config::{EngineConfig, Placement};
 use crate::scheduler::{Removed, Scheduler, SchedulerStatus};
-use crate::spec::FunctionSpec;
+use crate::spec::{FunctionSpec, Runtime};
 use mio::{Token, Waker};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -58,6 +58,8 @@ pub(crate) struct Launcher {
     pub state: LauncherState,
     pub tx: Option<Arc<File>>,
     pub pid: u32,
+    /// The I/O thread reading the launcher's channel.
+    pub owner: usize,
     pub failed_at: Option<Instant>,
     pub last_error: String,
 }
@@ -106,12 +108,13 @@ pub(crate) struct CallRecord {
     pub cold: bool,
 }
 
-/// A finished call's timeline, kept in a ring for `staccato trace`.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct TraceRecord {
-    pub call_id: String,
-    pub parent_call_id: String,
-    pub function: String,
+/// A finished call's timeline, kept in a ring for `staccato trace`. Raw
+/// numbers only: recording is on the hot path, formatting is not.
+#[derive(Clone)]
+pub(crate) struct TraceRecord {
+    pub call_id: u64,
+    pub parent_call_id: u64,
+    pub function: Arc<Function>,
     pub worker_id: u32,
     pub receive_ns: u64,
     pub dispatch_ns: u64,
@@ -270,7 +273,15 @@ impl Shared {
                 let Some(ltx) = core.launcher.tx.clone() else { return };
                 for _ in 0..core.sched.workers_to_create(now) {
                     let worker_id = self.next_worker_id.fetch_add(1, Ordering::Relaxed);
-                    let owner = self.next_owner.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len();
+                    let owner = match func.spec.runtime {
+                        // Workers of their own process spread over the I/O
+                        // threads (and so the vCPUs); each is pinned where
+                        // its channel is read.
+                        Runtime::C => self.next_owner.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len(),
+                        // One process serves every channel: read them all on
+                        // one thread, on the vCPU the process is pinned to.
+                        Runtime::Python => core.launcher.owner,
+                    };
                     match ipc::EngineChannel::create(&func.dir, worker_id) {
                         Ok(ch) => {
                             core.sched.worker_starting(worker_id, owner);
@@ -394,9 +405,9 @@ impl Shared {
 
     pub fn trace(&self, call_id: u64, rec: &CallRecord, worker_id: u32, outcome: &'static str) {
         let t = TraceRecord {
-            call_id: format!("{call_id:016x}"),
-            parent_call_id: format!("{:016x}", rec.parent_call_id),
-            function: rec.func.spec.name.clone(),
+            call_id,
+            parent_call_id: rec.parent_call_id,
+            function: rec.func.clone(),
             worker_id,
             receive_ns: rec.recv_ns,
             dispatch_ns: rec.dispatch_ns,
@@ -463,9 +474,24 @@ impl Shared {
     }
 }
 
+impl TraceRecord {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "call_id": format!("{:016x}", self.call_id),
+            "parent_call_id": format!("{:016x}", self.parent_call_id),
+            "function": self.function.spec.name,
+            "worker_id": self.worker_id,
+            "receive_ns": self.receive_ns,
+            "dispatch_ns": self.dispatch_ns,
+            "complete_ns": self.complete_ns,
+            "outcome": self.outcome,
+        })
+    }
+}
+
 impl Launcher {
     pub fn down() -> Launcher {
-        Launcher { state: LauncherState::Down, tx: None, pid: 0, failed_at: None, last_error: String::new() }
+        Launcher { state: LauncherState::Down, tx: None, pid: 0, owner: 0, failed_at: None, last_error: String::new() }
     }
 }
 

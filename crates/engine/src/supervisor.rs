@@ -207,6 +207,7 @@ impl Supervisor {
             core.launcher.pid = pid;
         }
         let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % self.shared.mailboxes.len();
+        lock(&f.core).launcher.owner = owner;
         self.shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
         Ok(())
     }
@@ -217,8 +218,13 @@ impl Supervisor {
 
     fn trace(&self, function: Option<&str>, limit: usize) -> Value {
         let ring = lock(&self.shared.traces);
-        let recs: Vec<_> =
-            ring.iter().rev().filter(|t| function.is_none_or(|f| t.function == f)).take(limit).cloned().collect();
+        let recs: Vec<Value> = ring
+            .iter()
+            .rev()
+            .filter(|t| function.is_none_or(|f| t.function.spec.name == f))
+            .take(limit)
+            .map(|t| t.to_json())
+            .collect();
         json!({ "traces": recs })
     }
 }
