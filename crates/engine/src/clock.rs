@@ -19,7 +19,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         std::thread::sleep(SCAN);
         expire(&shared);
         n += 1;
-        if n % HOUSEKEEPING_EVERY == 0 {
+        if n.is_multiple_of(HOUSEKEEPING_EVERY) {
             housekeeping(&shared);
         }
     }
@@ -37,11 +37,16 @@ fn expire(shared: &Shared) {
     for call_id in expired {
         let Some(rec) = lock(&shared.calls).remove(&call_id) else { continue };
         let func = rec.func.clone();
-        let timeout_ms = rec.deadline_us.saturating_sub(rec.recv_unix_us) / 1000;
+        // Rounded: the deadline is computed from a clock reading taken a few
+        // µs before recv_unix_us, so flooring reports 499 ms for 500.
+        let timeout_ms = (rec.deadline_us.saturating_sub(rec.recv_unix_us) + 500) / 1000;
         let msg = match rec.worker {
             Some((worker_id, pid)) => {
                 let _ = ipc::kill(pid);
-                format!("function {} did not finish within {timeout_ms} ms; worker {worker_id} was recycled", func.spec.name)
+                format!(
+                    "function {} did not finish within {timeout_ms} ms; worker {worker_id} was recycled",
+                    func.spec.name
+                )
             }
             None => format!("call to {} waited {timeout_ms} ms in the queue without running", func.spec.name),
         };

@@ -6,9 +6,7 @@
 //! the pipes are sized for far more messages than a worker has in flight);
 //! payload files live on tmpfs, so reading and writing them is a memory copy.
 
-use crate::shared::{
-    lock, CallRecord, Cmd, Function, GatewayReply, LauncherState, Origin, Outcome, Payload, Shared,
-};
+use crate::shared::{lock, CallRecord, Cmd, Function, GatewayReply, LauncherState, Origin, Outcome, Payload, Shared};
 use ipc::{MessageReader, ReadStatus};
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
@@ -58,15 +56,7 @@ pub(crate) struct IoThread {
 
 impl IoThread {
     pub fn new(idx: usize, shared: Arc<Shared>, poll: Poll) -> IoThread {
-        IoThread {
-            idx,
-            shared,
-            poll,
-            entries: HashMap::new(),
-            next_token: 1,
-            spin_until_ns: 0,
-            dirty: Vec::new(),
-        }
+        IoThread { idx, shared, poll, entries: HashMap::new(), next_token: 1, spin_until_ns: 0, dirty: Vec::new() }
     }
 
     pub fn run(mut self) {
@@ -323,9 +313,8 @@ impl IoThread {
         let rec = lock(&self.shared.calls).remove(&call_id);
         {
             let mut core = lock(&func.core);
-            let processing = rec
-                .as_ref()
-                .map_or(0, |r| now.saturating_sub(r.dispatch_ns).saturating_sub(r.sub_queue_ns));
+            let processing =
+                rec.as_ref().map_or(0, |r| now.saturating_sub(r.dispatch_ns).saturating_sub(r.sub_queue_ns));
             core.sched.complete(worker_id, call_id, processing, now);
             match outcome {
                 Outcome::Ok(_) => core.completed += 1,
@@ -380,7 +369,10 @@ impl IoThread {
         let input = if h.in_shm() {
             let len = h.payload_len as usize;
             if len > max {
-                return reject(ErrorKind::PayloadTooLarge, format!("input of {len} bytes exceeds the {max}-byte limit"));
+                return reject(
+                    ErrorKind::PayloadTooLarge,
+                    format!("input of {len} bytes exceeds the {max}-byte limit"),
+                );
             }
             let file = shm_file_name(h.call_id, Kind::Invoke);
             if let Err(e) = ipc::shm::forward(&caller.dir, &callee.dir, &file) {

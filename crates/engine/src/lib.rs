@@ -3,6 +3,8 @@
 //! function, and dispatches them to workers under managed concurrency
 //! (Nightcore §3.1–§3.3, §4.1).
 
+#![forbid(unsafe_code)]
+
 mod clock;
 pub mod concurrency;
 pub mod config;

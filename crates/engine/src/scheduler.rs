@@ -224,11 +224,8 @@ impl Scheduler {
     /// least `idle_min_ns`.
     pub fn surplus(&mut self, now_ns: u64, idle_min_ns: u64) -> Vec<u32> {
         let limit = (2 * self.tau(now_ns)).max(self.min_workers) as usize;
-        let mut pool = self
-            .workers
-            .values()
-            .filter(|w| matches!(w.state, WorkerState::Idle | WorkerState::Busy(_)))
-            .count();
+        let mut pool =
+            self.workers.values().filter(|w| matches!(w.state, WorkerState::Idle | WorkerState::Busy(_))).count();
         let mut out = Vec::new();
         while pool > limit && !self.idle.is_empty() {
             let id = self.idle[0];

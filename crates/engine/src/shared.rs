@@ -13,7 +13,7 @@ use crate::spec::{FunctionSpec, Runtime};
 use mio::{Token, Waker};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -329,7 +329,12 @@ impl Shared {
                         header.flags = FLAG_PAYLOAD_IN_SHM;
                         header.payload_len = b.len() as u32;
                         if let Err(e) = ipc::shm::write(&func.dir, &shm_file_name(call_id, Kind::Dispatch), &b) {
-                            self.fail_call(call_id, ErrorKind::Internal, format!("writing input payload: {e}"), replies);
+                            self.fail_call(
+                                call_id,
+                                ErrorKind::Internal,
+                                format!("writing input payload: {e}"),
+                                replies,
+                            );
                             return;
                         }
                         None
@@ -536,7 +541,7 @@ fn gateway_frame(call_id: u64, outcome: Outcome, timing: Timing, from_dir: Optio
 
 /// Builds the `Completion`/`Failure` message answering a worker's `Invoke`,
 /// moving an shm output into the caller's directory.
-fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_dir: &PathBuf) -> Message {
+fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_dir: &Path) -> Message {
     let name = shm_file_name(call_id, Kind::Completion);
     let (mut h, inline): (Header, Vec<u8>) = match outcome {
         Outcome::Ok(Payload::Bytes(b)) if b.len() <= INLINE_LEN_MAX => {

@@ -88,7 +88,12 @@ impl Supervisor {
             self.retire(&func, "deploy failed");
             return Err(e);
         }
-        let old = self.shared.functions.write().unwrap_or_else(|p| p.into_inner()).insert(func.spec.name.clone(), func.clone());
+        let old = self
+            .shared
+            .functions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(func.spec.name.clone(), func.clone());
         if let Some(old) = old {
             self.retire(&old, "function was redeployed");
             let _ = fs::remove_dir_all(&old.code_dir);
@@ -321,7 +326,7 @@ pub(crate) fn log_tail(path: &Path) -> String {
         let len = f.metadata()?.len();
         f.seek(SeekFrom::Start(len.saturating_sub(4000)))?;
         let mut s = String::new();
-        f.read_to_string(&mut s).or_else(|_| Ok::<usize, std::io::Error>(0))?;
+        f.read_to_string(&mut s).or(Ok::<usize, std::io::Error>(0))?;
         Ok(s)
     });
     let text = text.unwrap_or_default();

@@ -12,6 +12,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 
+/// How often an idle control connection checks that the engine is still
+/// the same one.
+const HEARTBEAT: Duration = Duration::from_millis(200);
+
 type Request = (Value, oneshot::Sender<Result<Value, String>>);
 
 #[derive(Clone)]
@@ -50,11 +54,19 @@ fn control_thread(addr: SocketAddr, store: Arc<Store>, rx: mpsc::Receiver<Reques
                 }
             }
         }
-        let Ok((req, reply)) = rx.recv_timeout(Duration::from_millis(500)) else {
-            if conn.is_none() {
-                std::thread::sleep(Duration::from_millis(200));
+        let (req, reply) = match rx.recv_timeout(HEARTBEAT) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Heartbeat: notice an engine that restarted (and lost its
+                // functions) even when nobody is deploying.
+                if let Some(c) = conn.as_mut() {
+                    if roundtrip(c, &json!({"op": "status"})).is_err_and(|e| e.starts_with("io:")) {
+                        conn = None;
+                    }
+                }
+                continue;
             }
-            continue;
         };
         let result = match conn.as_mut() {
             Some(c) => roundtrip(c, &req),

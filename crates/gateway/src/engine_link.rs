@@ -54,7 +54,11 @@ impl EngineLink {
     /// Sends a call and waits for its reply.
     pub async fn call(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Reply {
         if !self.up.get() {
-            return Reply::Err(ErrorKind::EngineUnavailable, format!("engine at {} is unreachable", self.addr), Timing::default());
+            return Reply::Err(
+                ErrorKind::EngineUnavailable,
+                format!("engine at {} is unreachable", self.addr),
+                Timing::default(),
+            );
         }
         let (tx, rx) = oneshot::channel();
         self.pending.borrow_mut().insert(call_id, tx);

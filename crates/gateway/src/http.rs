@@ -118,7 +118,9 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
         (&Method::POST | &Method::PUT, ["functions"]) => {
             let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
                 Ok(b) => b.to_bytes(),
-                Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("reading body: {e}"), None),
+                Err(e) => {
+                    return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("reading body: {e}"), None)
+                }
             };
             deploy(sh, &body).await
         }
@@ -137,7 +139,12 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
                 Err(e) => error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e, None),
             }
         }
-        _ => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no route for {method} /system/{}", segs.join("/")), None),
+        _ => error_resp(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no route for {method} /system/{}", segs.join("/")),
+            None,
+        ),
     }
 }
 
@@ -173,9 +180,8 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
 }
 
 async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
-    let parsed: Result<Vec<FunctionSpec>, String> = serde_json::from_slice::<Value>(body)
-        .map_err(|e| format!("invalid JSON: {e}"))
-        .and_then(|v| {
+    let parsed: Result<Vec<FunctionSpec>, String> =
+        serde_json::from_slice::<Value>(body).map_err(|e| format!("invalid JSON: {e}")).and_then(|v| {
             let arr = match v.get("functions") {
                 Some(a) => a.clone(),
                 None => Value::Array(vec![v]),

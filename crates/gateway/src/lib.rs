@@ -180,7 +180,8 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
             }
         };
         let link = EngineLink::start(sh.cfg.engine, idx as u32);
-        let start_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
+        let start_us =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
         let th = Rc::new(ThreadState { link, next_seq: Cell::new(start_us), thread: idx as u64 & 0x7f });
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };

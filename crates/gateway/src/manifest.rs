@@ -119,7 +119,7 @@ fn parse_duration_ms(v: &serde_yaml::Value) -> Result<u64, String> {
         (s, 1.0)
     };
     let n: f64 = num.trim().parse().map_err(|_| format!("timeout {s:?} is not a duration like 250ms, 5s or 2m"))?;
-    if !(n > 0.0) {
+    if n.is_nan() || n <= 0.0 {
         return Err(format!("timeout {s:?} must be positive"));
     }
     Ok((n * mult).round() as u64)

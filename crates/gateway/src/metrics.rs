@@ -8,8 +8,8 @@ use std::sync::Mutex;
 /// Histogram bucket bounds in seconds: microsecond-scale at the bottom,
 /// because that is where this runtime lives.
 const BUCKETS_S: [f64; 18] = [
-    25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0,
-    2.5, 5.0, 10.0,
+    25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5,
+    5.0, 10.0,
 ];
 
 #[derive(Default)]
@@ -56,9 +56,14 @@ impl Metrics {
             let mut cum = 0;
             for (i, b) in BUCKETS_S.iter().enumerate() {
                 cum += f.buckets[i];
-                let _ = writeln!(s, "staccato_invocation_duration_seconds_bucket{{function=\"{name}\",le=\"{b}\"}} {cum}");
+                let _ =
+                    writeln!(s, "staccato_invocation_duration_seconds_bucket{{function=\"{name}\",le=\"{b}\"}} {cum}");
             }
-            let _ = writeln!(s, "staccato_invocation_duration_seconds_bucket{{function=\"{name}\",le=\"+Inf\"}} {}", f.count);
+            let _ = writeln!(
+                s,
+                "staccato_invocation_duration_seconds_bucket{{function=\"{name}\",le=\"+Inf\"}} {}",
+                f.count
+            );
             let _ = writeln!(s, "staccato_invocation_duration_seconds_sum{{function=\"{name}\"}} {}", f.sum_s);
             let _ = writeln!(s, "staccato_invocation_duration_seconds_count{{function=\"{name}\"}} {}", f.count);
         }

@@ -96,7 +96,7 @@ pub fn open_worker_side(fn_dir: &Path, id: u32) -> io::Result<(File, File)> {
 pub fn write_message(mut f: &File, m: &Message) -> io::Result<()> {
     let n = f.write(&m.buf)?;
     if n != MESSAGE_LEN {
-        return Err(io::Error::new(io::ErrorKind::Other, format!("short pipe write of {n} bytes")));
+        return Err(io::Error::other(format!("short pipe write of {n} bytes")));
     }
     Ok(())
 }
@@ -356,7 +356,7 @@ pub fn read_message_spin(mut f: &File, m: &mut Message, spin: Duration) -> io::R
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 iter += 1;
-                if deadline == 0 || (iter % 64 == 0 && monotonic_ns() > deadline) {
+                if deadline == 0 || (iter.is_multiple_of(64) && monotonic_ns() > deadline) {
                     poll_readable(f.as_raw_fd())?;
                 } else {
                     std::hint::spin_loop();

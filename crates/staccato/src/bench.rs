@@ -118,7 +118,12 @@ fn micro(a: MicroArgs) -> Result<()> {
     }
     if a.json {
         let machine = machine();
-        println!("{}", serde_json::to_string_pretty(&json!({"machine": machine, "results": rows.iter().map(Row::to_json).collect::<Vec<_>>()}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"machine": machine, "results": rows.iter().map(Row::to_json).collect::<Vec<_>>()})
+            )?
+        );
     } else {
         print_table(&rows);
     }
@@ -137,12 +142,21 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
     eprintln!("  internal nop call, C");
     rows.push(Row::latency("internal nop call, C", mode, internal(&mut c, "bench-caller-c", "bench-nop-c", a.calls)?));
     eprintln!("  internal nop call, Python");
-    rows.push(Row::latency("internal nop call, Python", mode, internal(&mut c, "bench-caller-py", "bench-nop-py", a.calls)?));
+    rows.push(Row::latency(
+        "internal nop call, Python",
+        mode,
+        internal(&mut c, "bench-caller-py", "bench-nop-py", a.calls)?,
+    ));
     eprintln!("  external nop call, one keep-alive connection");
     rows.push(Row::latency("external nop call (C)", mode, external(&mut c, "bench-nop-c", a.calls)?));
     eprintln!("  external throughput, {} connections, {:.0} s", a.connections, a.duration_s);
     let rate = throughput(server.addr, "bench-nop-c", a.connections, Duration::from_secs_f64(a.duration_s))?;
-    rows.push(Row { name: format!("external throughput, {} conns", a.connections), mode: mode.into(), samples_ns: vec![], rate: Some(rate) });
+    rows.push(Row {
+        name: format!("external throughput, {} conns", a.connections),
+        mode: mode.into(),
+        samples_ns: vec![],
+        rate: Some(rate),
+    });
     Ok(())
 }
 
@@ -150,7 +164,9 @@ fn print_table(rows: &[Row]) {
     println!("{:<36} {:<13} {:>9} {:>9} {:>9} {:>8}", "measurement", "placement", "p50 µs", "p99 µs", "p99.9 µs", "n");
     for r in rows {
         match r.rate {
-            Some(rate) => println!("{:<36} {:<13} {:>9} {:>9} {:>9} {:>8}", r.name, r.mode, format!("{rate:.0}/s"), "", "", ""),
+            Some(rate) => {
+                println!("{:<36} {:<13} {:>9} {:>9} {:>9} {:>8}", r.name, r.mode, format!("{rate:.0}/s"), "", "", "")
+            }
             None => println!(
                 "{:<36} {:<13} {:>9.1} {:>9.1} {:>9.1} {:>8}",
                 r.name,
@@ -165,9 +181,9 @@ fn print_table(rows: &[Row]) {
 }
 
 fn machine() -> Value {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()));
+    let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+    });
     json!({"cpus": ipc::cpus_allowed().len(), "cpu_model": model, "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()})
 }
 
@@ -372,7 +388,10 @@ fn bench_dir() -> Result<PathBuf> {
             candidates.push(anc.join("bench/functions"));
         }
     }
-    candidates.into_iter().find(|p| p.join("staccato.yml").is_file()).ok_or_else(|| anyhow!("cannot find bench/functions"))
+    candidates
+        .into_iter()
+        .find(|p| p.join("staccato.yml").is_file())
+        .ok_or_else(|| anyhow!("cannot find bench/functions"))
 }
 
 fn deploy_bench_functions(c: &mut Client) -> Result<()> {
@@ -467,4 +486,3 @@ fn throughput(addr: SocketAddr, name: &str, conns: usize, dur: Duration) -> Resu
     }
     Ok(count as f64 / el)
 }
-

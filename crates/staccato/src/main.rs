@@ -1,6 +1,8 @@
 //! `staccato`: run the platform (`up`), manage functions (`deploy`, `ls`,
 //! `rm`, `logs`), call them (`invoke`), and measure it (`bench`).
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod client;
 mod up;
@@ -30,6 +32,10 @@ struct Cli {
 enum Cmd {
     /// Start the gateway and an engine on this machine.
     Up(up::UpArgs),
+    /// Run only an engine (for a gateway elsewhere).
+    Engine(up::EngineCmd),
+    /// Run only a gateway, in front of an engine at --engine.
+    Gateway(up::GatewayCmd),
     /// Stop a Staccato started with `up --detach`.
     Down {
         #[arg(long, env = "STACCATO_STATE_DIR")]
@@ -92,6 +98,8 @@ fn run(cli: Cli) -> Result<()> {
     let client = || Client::new(&cli.gateway, cli.token.clone()).with_context(|| format!("gateway {}", cli.gateway));
     match cli.cmd {
         Cmd::Up(args) => up::up(args),
+        Cmd::Engine(args) => up::engine_only(args),
+        Cmd::Gateway(args) => up::gateway_only(args),
         Cmd::Down { state_dir } => up::down(state_dir),
         Cmd::Deploy { ref path } => deploy(&mut client()?, path),
         Cmd::Invoke { ref name, ref data, timeout_ms, verbose } => {
@@ -101,7 +109,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Rm { ref names } => {
             let mut c = client()?;
             for n in names {
-                let r = c.request("DELETE", &format!("/system/functions/{n}"), b"").map_err(unreachable(&cli.gateway))?;
+                let r =
+                    c.request("DELETE", &format!("/system/functions/{n}"), b"").map_err(unreachable(&cli.gateway))?;
                 check(&r)?;
                 println!("Removed {n}");
             }
@@ -110,7 +119,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Logs { ref name, ref state_dir, lines } => {
             // `up` gives the engine <state-dir>/engine, which keeps the logs.
             let path = up::state_dir(state_dir.clone()).join("engine").join("logs").join(format!("{name}.log"));
-            let text = std::fs::read_to_string(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
+            let text =
+                std::fs::read_to_string(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
             let all: Vec<&str> = text.lines().collect();
             for l in &all[all.len().saturating_sub(lines)..] {
                 println!("{l}");
@@ -124,11 +134,15 @@ fn run(cli: Cli) -> Result<()> {
             }
             let r = client()?.request("GET", &path, b"").map_err(unreachable(&cli.gateway))?;
             let v = check(&r)?;
-            println!("{:<18} {:<18} {:<16} {:>8} {:>10} {:>10}  outcome", "call", "parent", "function", "worker", "queue_us", "exec_us");
+            println!(
+                "{:<18} {:<18} {:<16} {:>8} {:>10} {:>10}  outcome",
+                "call", "parent", "function", "worker", "queue_us", "exec_us"
+            );
             for t in v.as_array().into_iter().flatten() {
                 let n = |k: &str| t[k].as_u64().unwrap_or(0);
                 let queue = n("dispatch_ns").saturating_sub(n("receive_ns")) / 1000;
-                let exec = if n("dispatch_ns") > 0 { n("complete_ns").saturating_sub(n("dispatch_ns")) / 1000 } else { 0 };
+                let exec =
+                    if n("dispatch_ns") > 0 { n("complete_ns").saturating_sub(n("dispatch_ns")) / 1000 } else { 0 };
                 println!(
                     "{:<18} {:<18} {:<16} {:>8} {:>10} {:>10}  {}",
                     t["call_id"].as_str().unwrap_or(""),
@@ -155,7 +169,8 @@ fn check(r: &client::Response) -> Result<Value> {
     let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
     if r.status >= 400 {
         let kind = v["error"]["kind"].as_str().unwrap_or("error");
-        let msg = v["error"]["message"].as_str().map(String::from).unwrap_or_else(|| String::from_utf8_lossy(&r.body).into());
+        let msg =
+            v["error"]["message"].as_str().map(String::from).unwrap_or_else(|| String::from_utf8_lossy(&r.body).into());
         bail!("{kind} (HTTP {}): {msg}", r.status);
     }
     Ok(v)
@@ -183,7 +198,9 @@ fn deploy(c: &mut Client, path: &Path) -> Result<()> {
         std::io::stdout().flush().ok();
         let t = Instant::now();
         let body = serde_json::to_vec(&serde_json::json!({ "functions": [spec] }))?;
-        let r = c.request("POST", "/system/functions", &body).context("cannot reach the gateway (is `staccato up` running?)")?;
+        let r = c
+            .request("POST", "/system/functions", &body)
+            .context("cannot reach the gateway (is `staccato up` running?)")?;
         match check(&r) {
             Ok(_) => println!("ok ({:.2}s)", t.elapsed().as_secs_f64()),
             Err(e) => {
@@ -230,13 +247,17 @@ fn invoke(c: &mut Client, name: &str, data: Option<&str>, timeout_ms: Option<u32
 }
 
 fn ls(c: &mut Client, json: bool) -> Result<()> {
-    let r = c.request("GET", "/system/functions", b"").context("cannot reach the gateway (is `staccato up` running?)")?;
+    let r =
+        c.request("GET", "/system/functions", b"").context("cannot reach the gateway (is `staccato up` running?)")?;
     let v = check(&r)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("{:<20} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}", "NAME", "RUNTIME", "POOL", "MIN/MAX", "TAU", "RUNNING", "QUEUED", "CALLS", "FAILED");
+    println!(
+        "{:<20} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}",
+        "NAME", "RUNTIME", "POOL", "MIN/MAX", "TAU", "RUNNING", "QUEUED", "CALLS", "FAILED"
+    );
     for f in v.as_array().into_iter().flatten() {
         let s = &f["status"]["scheduler"];
         let n = |x: &Value| x.as_u64().map_or("-".to_string(), |n| n.to_string());

@@ -17,17 +17,24 @@ pub enum PlacementArg {
     Kernel,
 }
 
+/// Settings both the engine and the gateway read.
 #[derive(Args, Clone, Debug)]
-pub struct UpArgs {
-    /// Gateway address. Anything but loopback requires --token.
-    #[arg(long, default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
-    /// Engine address (port 0 picks a free one).
-    #[arg(long, default_value = "127.0.0.1:0")]
-    pub engine_listen: SocketAddr,
+pub struct CommonArgs {
     /// Functions, code and logs are kept here.
     #[arg(long, env = "STACCATO_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Largest request or response body, in bytes.
+    #[arg(long, default_value_t = wire::PAYLOAD_LEN_MAX_DEFAULT)]
+    pub payload_max: usize,
+    #[arg(long, value_enum, default_value = "packed")]
+    pub placement: PlacementArg,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Engine address (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub engine_listen: SocketAddr,
     /// Message channels and payload files (a tmpfs). Default: /dev/shm/staccato-<port>.
     #[arg(long)]
     pub ipc_dir: Option<PathBuf>,
@@ -37,11 +44,6 @@ pub struct UpArgs {
     /// Engine I/O threads (default: one per CPU, at most 8).
     #[arg(long)]
     pub io_threads: Option<usize>,
-    /// Gateway HTTP threads (default: one per CPU, at most 8).
-    #[arg(long)]
-    pub gateway_threads: Option<usize>,
-    #[arg(long, value_enum, default_value = "packed")]
-    pub placement: PlacementArg,
     /// Microseconds a worker polls (yielding) for its next message before
     /// sleeping. Keeps vCPUs from halting between the hops of a call; see
     /// BENCHMARKS.md for the measurements behind the default.
@@ -54,18 +56,56 @@ pub struct UpArgs {
     /// EMA coefficient for the concurrency hint (Nightcore: 1e-3).
     #[arg(long, default_value_t = 1e-3)]
     pub ema_alpha: f64,
-    /// Largest request or response body, in bytes.
-    #[arg(long, default_value_t = wire::PAYLOAD_LEN_MAX_DEFAULT)]
-    pub payload_max: usize,
-    /// Management API token (required to listen beyond loopback).
-    #[arg(long, env = "STACCATO_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Run in the background; logs go to <state-dir>/staccato.log.
-    #[arg(long)]
-    pub detach: bool,
     /// Python interpreter for Python functions.
     #[arg(long, default_value = "python3")]
     pub python: String,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct GatewayArgs {
+    /// Gateway address. Anything but loopback requires --token.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Gateway HTTP threads (default: one per CPU, at most 8).
+    #[arg(long)]
+    pub gateway_threads: Option<usize>,
+    /// Management API token (required to listen beyond loopback).
+    #[arg(long, env = "STACCATO_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    /// Run in the background; logs go to <state-dir>/staccato.log.
+    #[arg(long)]
+    pub detach: bool,
+}
+
+/// `staccato engine`: an engine alone, for a gateway on another machine.
+#[derive(Args, Clone, Debug)]
+pub struct EngineCmd {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// `staccato gateway`: a gateway alone, in front of an engine elsewhere.
+#[derive(Args, Clone, Debug)]
+pub struct GatewayCmd {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    /// The engine to send calls to.
+    #[arg(long)]
+    pub engine: SocketAddr,
 }
 
 pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
@@ -96,46 +136,83 @@ fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 pub fn up(args: UpArgs) -> Result<()> {
-    let state = state_dir(args.state_dir.clone());
+    let state = state_dir(args.common.state_dir.clone());
     std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
     if args.detach {
         return detach(&args, &state);
     }
     init_logging();
-    let runtimes = find_runtimes(args.runtimes_dir.clone())?;
-    let ipc_dir = args.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(format!("/dev/shm/staccato-{}", args.listen.port())));
-    // Leftovers of an earlier run (FIFOs, payload files) mean nothing now.
-    let _ = std::fs::remove_dir_all(&ipc_dir);
-    let mut ecfg = engine::EngineConfig::new(args.engine_listen, ipc_dir.clone(), state.join("engine"), runtimes.clone());
-    if let Some(n) = args.io_threads {
-        ecfg.io_threads = n.max(1);
-    }
-    ecfg.placement = match args.placement {
-        PlacementArg::Packed => engine::Placement::Packed,
-        PlacementArg::Kernel => engine::Placement::Kernel,
-    };
-    ecfg.worker_spin_us = args.worker_spin_us;
-    ecfg.engine_spin_us = args.engine_spin_us;
-    ecfg.ema_alpha = args.ema_alpha;
-    ecfg.payload_len_max = args.payload_max;
-    ecfg.python = args.python.clone();
-    let engine = engine::start(ecfg).context("starting the engine")?;
-    let gcfg = gateway::GatewayConfig {
-        listen: args.listen,
-        engine: engine.addr,
-        threads: args.gateway_threads.unwrap_or_else(|| ipc::cpus_allowed().len().clamp(1, 8)),
-        token: args.token.clone().filter(|t| !t.is_empty()),
-        state_dir: state.clone(),
-        payload_len_max: args.payload_max,
-        pin_threads: matches!(args.placement, PlacementArg::Packed),
-    };
-    let gw = gateway::start(gcfg).context("starting the gateway")?;
+    let default_ipc = format!("/dev/shm/staccato-{}", args.gateway.listen.port());
+    let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc)?;
+    let gw = start_gateway(&args.common, &args.gateway, engine, &state)?;
     std::fs::write(state.join("staccato.pid"), std::process::id().to_string())?;
-    println!("Staccato is up: gateway http://{} (engine {}, IPC {}, state {})", gw.addr, engine.addr, ipc_dir.display(), state.display());
+    println!(
+        "Staccato is up: gateway http://{} (engine {}, IPC {}, state {})",
+        gw.addr,
+        engine,
+        ipc_dir.display(),
+        state.display()
+    );
+    park()
+}
+
+pub fn engine_only(args: EngineCmd) -> Result<()> {
+    let state = state_dir(args.common.state_dir.clone());
+    init_logging();
+    let default_ipc = format!("/dev/shm/staccato-engine-{}", args.engine.engine_listen.port());
+    let (addr, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc)?;
+    println!("Staccato engine is up on {addr} (IPC {}, state {})", ipc_dir.display(), state.display());
+    park()
+}
+
+pub fn gateway_only(args: GatewayCmd) -> Result<()> {
+    let state = state_dir(args.common.state_dir.clone());
+    init_logging();
+    let gw = start_gateway(&args.common, &args.gateway, args.engine, &state)?;
+    println!("Staccato gateway is up: http://{} (engine {})", gw.addr, args.engine);
+    park()
+}
+
+fn park() -> ! {
     std::io::Write::flush(&mut std::io::stdout()).ok();
     loop {
         std::thread::park();
     }
+}
+
+fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str) -> Result<(SocketAddr, PathBuf)> {
+    let runtimes = find_runtimes(e.runtimes_dir.clone())?;
+    let ipc_dir = e.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(default_ipc));
+    // Leftovers of an earlier run (FIFOs, payload files) mean nothing now.
+    let _ = std::fs::remove_dir_all(&ipc_dir);
+    let mut cfg = engine::EngineConfig::new(e.engine_listen, ipc_dir.clone(), state.join("engine"), runtimes);
+    if let Some(n) = e.io_threads {
+        cfg.io_threads = n.max(1);
+    }
+    cfg.placement = match c.placement {
+        PlacementArg::Packed => engine::Placement::Packed,
+        PlacementArg::Kernel => engine::Placement::Kernel,
+    };
+    cfg.worker_spin_us = e.worker_spin_us;
+    cfg.engine_spin_us = e.engine_spin_us;
+    cfg.ema_alpha = e.ema_alpha;
+    cfg.payload_len_max = c.payload_max;
+    cfg.python = e.python.clone();
+    let engine = engine::start(cfg).context("starting the engine")?;
+    Ok((engine.addr, ipc_dir))
+}
+
+fn start_gateway(c: &CommonArgs, g: &GatewayArgs, engine: SocketAddr, state: &Path) -> Result<gateway::Gateway> {
+    let cfg = gateway::GatewayConfig {
+        listen: g.listen,
+        engine,
+        threads: g.gateway_threads.unwrap_or_else(|| ipc::cpus_allowed().len().clamp(1, 8)),
+        token: g.token.clone().filter(|t| !t.is_empty()),
+        state_dir: state.to_path_buf(),
+        payload_len_max: c.payload_max,
+        pin_threads: matches!(c.placement, PlacementArg::Packed),
+    };
+    gateway::start(cfg).context("starting the gateway")
 }
 
 fn detach(args: &UpArgs, state: &Path) -> Result<()> {
@@ -151,14 +228,18 @@ fn detach(args: &UpArgs, state: &Path) -> Result<()> {
     }
     let mut child = cmd.spawn().context("starting staccato in the background")?;
     let deadline = Instant::now() + Duration::from_secs(15);
-    let url = format!("http://{}", args.listen);
+    let url = format!("http://{}", args.gateway.listen);
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
             bail!("staccato exited during start-up ({status}); see {}", log_path.display());
         }
         if let Ok(mut c) = crate::client::Client::new(&url, None) {
             if c.request("GET", "/healthz", b"").is_ok_and(|r| r.status == 200) {
-                println!("Staccato is up in the background (pid {}): gateway {url}, log {}", child.id(), log_path.display());
+                println!(
+                    "Staccato is up in the background (pid {}): gateway {url}, log {}",
+                    child.id(),
+                    log_path.display()
+                );
                 return Ok(());
             }
         }

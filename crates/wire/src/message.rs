@@ -215,11 +215,8 @@ fn validate(h: &Header) -> Result<(), MessageError> {
     if !name_ok {
         return Err(MessageError::NameLen(h.name_len));
     }
-    let error_ok = if h.kind == Kind::Failure {
-        ErrorKind::from_code(h.error_kind).is_some()
-    } else {
-        h.error_kind == 0
-    };
+    let error_ok =
+        if h.kind == Kind::Failure { ErrorKind::from_code(h.error_kind).is_some() } else { h.error_kind == 0 };
     if !error_ok {
         return Err(MessageError::ErrorKind(h.error_kind));
     }

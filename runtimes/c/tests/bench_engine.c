@@ -29,10 +29,13 @@ typedef struct {
 } chan;
 
 static char ipc[256];
+static pid_t host_pid;
 
 static void die(const char *what)
 {
     fprintf(stderr, "bench_engine: %s: %s\n", what, strerror(errno));
+    if (host_pid > 0)
+        kill(host_pid, SIGKILL); /* its workers follow (PR_SET_PDEATHSIG) */
     exit(1);
 }
 
@@ -43,7 +46,7 @@ static chan make_chan(uint32_t id)
     snprintf(w2e, sizeof w2e, "%s/%u.w2e", ipc, (unsigned)id);
     if (mkfifo(e2w, 0600) < 0 || mkfifo(w2e, 0600) < 0)
         die("mkfifo");
-    chan c = {open(e2w, O_RDWR), open(w2e, O_RDONLY | O_NONBLOCK), id};
+    chan c = {open(e2w, O_RDWR | O_CLOEXEC), open(w2e, O_RDONLY | O_NONBLOCK | O_CLOEXEC), id};
     if (c.e2w < 0 || c.w2e < 0)
         die("open fifo");
     return c;
@@ -52,7 +55,8 @@ static chan make_chan(uint32_t id)
 static void send_msg(chan *c, stc_header h, const void *inline_bytes)
 {
     uint8_t msg[STC_MSG_LEN];
-    h.worker_id = c->id;
+    if (h.kind != STC_CREATE_WORKER)
+        h.worker_id = c->id;
     if (stc_encode(&h, inline_bytes, msg) != STC_WIRE_OK)
         die("encode");
     if (write(c->e2w, msg, sizeof msg) != (ssize_t)sizeof msg)
@@ -80,6 +84,16 @@ static void recv_msg(chan *c, uint8_t msg[STC_MSG_LEN], stc_header *h)
     }
     if (stc_decode(msg, STC_MSG_LEN, h) != STC_WIRE_OK)
         die("decode");
+}
+
+/* poll() reports nothing on a FIFO that never had a writer, unlike read(). */
+static void wait_first(chan *c)
+{
+    struct pollfd p = {.fd = c->w2e, .events = POLLIN};
+    if (poll(&p, 1, 5000) != 1) {
+        errno = ETIMEDOUT;
+        die("waiting for a hello");
+    }
 }
 
 static pid_t start_host(const char *host, const char *handler, const char *spin)
@@ -124,15 +138,18 @@ int main(int argc, char **argv)
         die("mkdir");
 
     chan ch0 = make_chan(0), w1 = make_chan(1), w2 = make_chan(2);
-    pid_t host = start_host(argv[1], handler, spin);
+    pid_t host = host_pid = start_host(argv[1], handler, spin);
     uint8_t msg[STC_MSG_LEN];
     stc_header h;
+    wait_first(&ch0);
     recv_msg(&ch0, msg, &h); /* LauncherHello */
-    send_msg(&ch0, (stc_header){.kind = STC_CREATE_WORKER}, NULL);
+    /* A worker's w2e reads as end of file until the worker opens it, so
+     * wait for it to be readable before the first read. */
+    send_msg(&ch0, (stc_header){.kind = STC_CREATE_WORKER, .worker_id = 1}, NULL);
+    wait_first(&w1);
     recv_msg(&w1, msg, &h);
-    ch0.id = 2;
-    send_msg(&ch0, (stc_header){.kind = STC_CREATE_WORKER}, NULL);
-    ch0.id = 0;
+    send_msg(&ch0, (stc_header){.kind = STC_CREATE_WORKER, .worker_id = 2}, NULL);
+    wait_first(&w2);
     recv_msg(&w2, msg, &h);
 
     char cmd[64];

@@ -1,2 +1,0 @@
-build/shm.o: src/shm.c src/shm.h
-src/shm.h:
