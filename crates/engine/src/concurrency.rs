@@ -61,10 +61,15 @@ impl ConcurrencyHint {
 
     /// λ as of `now_ns`. Nightcore samples the rate only at arrivals, so after
     /// a burst λ (and τ, and the pool) would stay high forever once calls
-    /// stop. Here a silence longer than the mean interval caps λ at
-    /// 1/silence, so an idle function's τ decays and its pool can shrink.
-    pub fn rate_per_s(&self, now_ns: u64) -> f64 {
+    /// stop. Here, for an idle function (`busy` false: nothing queued or
+    /// running), a silence longer than the mean interval caps λ at
+    /// 1/silence, so its τ decays and its pool can shrink. A busy function
+    /// keeps its λ: a burst whose calls are all queued is not a silence.
+    pub fn rate_per_s(&self, now_ns: u64, busy: bool) -> f64 {
         let Some(rate) = self.rate_per_s.get() else { return 0.0 };
+        if busy {
+            return rate;
+        }
         let Some(last) = self.last_arrival_ns else { return rate };
         let silence_s = now_ns.saturating_sub(last) as f64 / 1e9;
         if silence_s * rate > 1.0 {
@@ -81,8 +86,8 @@ impl ConcurrencyHint {
     /// τ, clamped to `[max(min_workers, 1), max_workers]`. Never 0: a
     /// function with queued calls must be able to run one (Nightcore's τ can
     /// round to 0 and leave calls queued forever).
-    pub fn tau(&self, now_ns: u64, min_workers: u32, max_workers: u32) -> u32 {
-        let raw = (self.rate_per_s(now_ns) * self.processing_s()).ceil();
+    pub fn tau(&self, now_ns: u64, busy: bool, min_workers: u32, max_workers: u32) -> u32 {
+        let raw = (self.rate_per_s(now_ns, busy) * self.processing_s()).ceil();
         let lo = min_workers.max(1);
         let hi = max_workers.max(lo);
         if raw.is_nan() {
@@ -116,20 +121,20 @@ mod tests {
             h.on_arrival(i * 10 * MS);
             h.on_processed(50 * MS);
         }
-        assert_eq!(h.tau(99 * 10 * MS, 1, 64), 5);
+        assert_eq!(h.tau(99 * 10 * MS, false, 1, 64), 5);
         // Clamped to max_workers.
-        assert_eq!(h.tau(99 * 10 * MS, 1, 3), 3);
+        assert_eq!(h.tau(99 * 10 * MS, false, 1, 3), 3);
     }
 
     #[test]
     fn tau_never_zero() {
         let h = ConcurrencyHint::new(1e-3);
-        assert_eq!(h.tau(0, 0, 8), 1);
+        assert_eq!(h.tau(0, false, 0, 8), 1);
         let mut h = ConcurrencyHint::new(1e-3);
         h.on_arrival(0);
         h.on_arrival(1000 * MS);
         h.on_processed(1_000); // 1 µs at 1 call/s: τ = 1e-6, rounds up to 1
-        assert_eq!(h.tau(1000 * MS, 0, 8), 1);
+        assert_eq!(h.tau(1000 * MS, false, 0, 8), 1);
     }
 
     #[test]
@@ -140,11 +145,13 @@ mod tests {
             h.on_processed(10 * MS);
         }
         let last = 999 * MS;
-        assert!((h.rate_per_s(last) - 1000.0).abs() < 1.0);
-        assert_eq!(h.tau(last, 1, 64), 10);
+        assert!((h.rate_per_s(last, false) - 1000.0).abs() < 1.0);
+        assert_eq!(h.tau(last, false, 1, 64), 10);
         // Two seconds of silence: λ ≤ 0.5/s, so τ falls to the floor.
-        assert!(h.rate_per_s(last + 2000 * MS) <= 0.5);
-        assert_eq!(h.tau(last + 2000 * MS, 1, 64), 1);
+        assert!(h.rate_per_s(last + 2000 * MS, false) <= 0.5);
+        assert_eq!(h.tau(last + 2000 * MS, false, 1, 64), 1);
+        // ... unless calls are still queued or running: then it is no silence.
+        assert_eq!(h.tau(last + 2000 * MS, true, 1, 64), 10);
     }
 
     #[test]
@@ -157,6 +164,6 @@ mod tests {
         for i in 0..8 {
             h.on_arrival(t + i * 1000); // 1 µs apart: samples of 1e6/s
         }
-        assert!(h.tau(t + 8000, 1, 64) > 4);
+        assert!(h.tau(t + 8000, true, 1, 64) > 4);
     }
 }

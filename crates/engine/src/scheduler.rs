@@ -93,7 +93,8 @@ impl Scheduler {
     }
 
     pub fn tau(&self, now_ns: u64) -> u32 {
-        self.hint.tau(now_ns, self.min_workers, self.max_workers)
+        let busy = !self.queue.is_empty() || self.running > 0;
+        self.hint.tau(now_ns, busy, self.min_workers, self.max_workers)
     }
 
     pub fn enqueue(&mut self, call_id: u64, now_ns: u64) {
@@ -260,7 +261,7 @@ impl Scheduler {
             idle: self.idle.len(),
             starting: count(|s| *s == WorkerState::Starting),
             pool: count(|s| matches!(s, WorkerState::Idle | WorkerState::Busy(_))),
-            rate_per_s: self.hint.rate_per_s(now_ns),
+            rate_per_s: self.hint.rate_per_s(now_ns, !self.queue.is_empty() || self.running > 0),
             processing_ms: self.hint.processing_s() * 1e3,
         }
     }
@@ -334,6 +335,23 @@ mod tests {
             s.worker_starting(id, 0);
         }
         assert_eq!(s.workers_to_create(now), 0);
+    }
+
+    #[test]
+    fn queued_burst_keeps_tau_up() {
+        let mut s = Scheduler::new(1, 8, 1e-3);
+        ready_pool(&mut s, 1);
+        s.enqueue(1, 0);
+        let (_, w) = s.next_dispatch(0, 0).expect("dispatch");
+        s.complete(w, 1, 300 * MS, 300 * MS);
+        for i in 0..12 {
+            s.enqueue(10 + i, 1000 * MS + i * 1000);
+        }
+        // 300 ms into the burst no call has arrived since, but twelve wait:
+        // that is load, not silence, so τ stays at the cap and the pool grows.
+        let later = 1300 * MS;
+        assert_eq!(s.tau(later), 8);
+        assert_eq!(s.workers_to_create(later), 7);
     }
 
     #[test]

@@ -33,7 +33,9 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
 
 struct Supervisor {
     shared: Arc<Shared>,
-    children: Vec<Child>,
+    /// Launchers we started, to reap them and to notice one that dies
+    /// before it even opens its channel (no end-of-file tells us then).
+    children: Vec<(Child, Arc<Function>)>,
 }
 
 impl Supervisor {
@@ -102,7 +104,7 @@ impl Supervisor {
         Ok(json!({ "name": func.spec.name }))
     }
 
-    fn wait_ready(&self, func: &Function) -> Result<(), String> {
+    fn wait_ready(&mut self, func: &Function) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.launcher_ready_timeout_ms);
         loop {
             let (state, err) = {
@@ -122,7 +124,10 @@ impl Supervisor {
                         log_tail(&func.log_path)
                     ));
                 }
-                LauncherState::Starting => std::thread::sleep(Duration::from_millis(2)),
+                LauncherState::Starting => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    self.reap();
+                }
             }
         }
     }
@@ -204,7 +209,7 @@ impl Supervisor {
         ipc::kill_child_with_parent(&mut cmd);
         let child = cmd.spawn().map_err(|e| format!("running {:?}: {e}", cmd.get_program()))?;
         let pid = child.id();
-        self.children.push(child);
+        self.children.push((child, f.clone()));
         {
             let mut core = lock(&f.core);
             core.launcher.state = LauncherState::Starting;
@@ -218,7 +223,41 @@ impl Supervisor {
     }
 
     fn reap(&mut self) {
-        self.children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        let mut exited = Vec::new();
+        self.children.retain_mut(|(c, f)| match c.try_wait() {
+            Ok(None) => true,
+            _ => {
+                exited.push((c.id(), f.clone()));
+                false
+            }
+        });
+        for (pid, f) in exited {
+            self.launcher_exited(pid, &f);
+        }
+    }
+
+    /// A launcher process is gone. If it never said hello, this is the only
+    /// news of it: mark the function failed with the reason from its log.
+    fn launcher_exited(&mut self, pid: u32, f: &Arc<Function>) {
+        {
+            let mut core = lock(&f.core);
+            if core.launcher.pid != pid || core.launcher.state != LauncherState::Starting {
+                return; // an I/O thread saw its channel close and handled it
+            }
+            core.launcher.state = LauncherState::Down;
+            core.launcher.tx = None;
+            core.launcher.failed_at = Some(Instant::now());
+            core.launcher.last_error = log_tail(&f.log_path);
+        }
+        log::error!("{}: launcher exited before it was ready", f.spec.name);
+        // Its channel never saw a writer, so no end-of-file will retire it.
+        // Mailboxes keep order, so this lands before any new launcher's channel.
+        for t in 0..self.shared.mailboxes.len() {
+            self.shared.post(t, Cmd::DropChannel { func: f.clone(), worker_id: 0 });
+        }
+        for r in self.shared.pump(f, 0) {
+            self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
+        }
     }
 
     fn trace(&self, function: Option<&str>, limit: usize) -> Value {

@@ -6,6 +6,7 @@ use crate::store::Store;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,8 @@ type Request = (Value, oneshot::Sender<Result<Value, String>>);
 #[derive(Clone)]
 pub struct ControlClient {
     tx: mpsc::Sender<Request>,
+    /// Connected, and every stored function re-registered since.
+    restored: Arc<AtomicBool>,
 }
 
 impl ControlClient {
@@ -29,11 +32,18 @@ impl ControlClient {
     /// restarted comes back with everything deployed.
     pub fn start(addr: SocketAddr, store: Arc<Store>) -> ControlClient {
         let (tx, rx) = mpsc::channel::<Request>();
+        let restored = Arc::new(AtomicBool::new(false));
+        let r = restored.clone();
         std::thread::Builder::new()
             .name("gateway-control".into())
-            .spawn(move || control_thread(addr, store, rx))
+            .spawn(move || control_thread(addr, store, rx, r))
             .expect("spawning the control thread");
-        ControlClient { tx }
+        ControlClient { tx, restored }
+    }
+
+    /// Whether the engine has every stored function (as far as we know).
+    pub fn restored(&self) -> bool {
+        self.restored.load(Ordering::Acquire)
     }
 
     pub async fn request(&self, req: Value) -> Result<Value, String> {
@@ -43,14 +53,19 @@ impl ControlClient {
     }
 }
 
-fn control_thread(addr: SocketAddr, store: Arc<Store>, rx: mpsc::Receiver<Request>) {
+fn control_thread(addr: SocketAddr, store: Arc<Store>, rx: mpsc::Receiver<Request>, restored: Arc<AtomicBool>) {
     let mut conn: Option<TcpStream> = None;
     loop {
         if conn.is_none() {
+            restored.store(false, Ordering::Release);
             conn = connect(addr).ok();
             if let Some(c) = conn.as_mut() {
-                if let Err(e) = restore(c, &store) {
-                    log::error!("restoring functions: {e}");
+                match restore(c, &store) {
+                    Ok(()) => restored.store(true, Ordering::Release),
+                    Err(e) => {
+                        log::error!("restoring functions: {e}");
+                        conn = None;
+                    }
                 }
             }
         }
@@ -64,6 +79,8 @@ fn control_thread(addr: SocketAddr, store: Arc<Store>, rx: mpsc::Receiver<Reques
                     if roundtrip(c, &json!({"op": "status"})).is_err_and(|e| e.starts_with("io:")) {
                         conn = None;
                     }
+                } else {
+                    std::thread::sleep(HEARTBEAT);
                 }
                 continue;
             }

@@ -31,7 +31,9 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
             invoke(&sh, &th, &name, req).await
         }
         (&Method::GET, ["healthz"]) => {
-            let up = th.link.is_up();
+            // Healthy means calls can succeed: connected, and every stored
+            // function is back on the engine after a (re)connection.
+            let up = th.link.is_up() && sh.control.restored();
             let body = json!({"status": if up {"ok"} else {"degraded"}, "engine": if up {"up"} else {"down"}});
             json_resp(if up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
         }
@@ -77,6 +79,16 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
             }
             Ok(body) => match th.link.call(call_id, timeout_ms, name, &body.to_bytes()).await {
                 Reply::Ok(out, t) => Ok((out, t)),
+                // Deployed, but the engine does not have it: the engine
+                // restarted and the function is not restored yet (or its
+                // restore failed). That is the runtime's fault, not a 404.
+                Reply::Err(ErrorKind::NotFound, _, t) if sh.store.get(name).is_ok_and(|s| s.is_some()) => {
+                    let msg = format!(
+                        "function {name} is deployed but not running on the engine yet (it is being restored \
+                         after an engine restart, or its restore failed: see the gateway log); retry shortly"
+                    );
+                    Err((ErrorKind::EngineUnavailable, msg, t))
+                }
                 Reply::Err(k, m, t) => Err((k, m, t)),
             },
         }
@@ -208,16 +220,19 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
             Ok(Err(e)) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
             Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
         };
-        match sh.control.request(json!({"op": "register", "spec": stored})).await {
-            Ok(_) => {}
-            Err(e) if e.contains("unreachable") => {
-                return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e, None)
-            }
-            Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
+        let registered = sh.control.request(json!({"op": "register", "spec": stored})).await;
+        if let Err(e) = registered {
+            let _ = std::fs::remove_dir_all(&stored.source_dir);
+            return if e.contains("unreachable") {
+                error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e, None)
+            } else {
+                error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None)
+            };
         }
         if let Err(e) = sh.store.put(&stored) {
             return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None);
         }
+        sh.prune_archives(&stored);
         deployed.push(stored.name.clone());
     }
     json_resp(StatusCode::OK, &json!({ "deployed": deployed }))

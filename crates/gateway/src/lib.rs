@@ -77,15 +77,21 @@ impl GwShared {
         let base = self.cfg.state_dir.join("artifacts").join(&spec.name);
         let dest = base.join(gen.to_string());
         copy_tree(src, &dest).map_err(|e| format!("function {}: archiving source: {e}", spec.name))?;
-        // Older archives of this function are no longer needed.
+        Ok(FunctionSpec { source_dir: dest, ..spec.clone() })
+    }
+
+    /// After a deploy: keep only the archive the store points at. Called
+    /// only once the engine accepted the new version, so a failed redeploy
+    /// leaves the previous, working archive in place.
+    fn prune_archives(&self, kept: &FunctionSpec) {
+        let base = self.cfg.state_dir.join("artifacts").join(&kept.name);
         if let Ok(rd) = std::fs::read_dir(&base) {
             for e in rd.flatten() {
-                if e.path() != dest {
+                if e.path() != kept.source_dir {
                     let _ = std::fs::remove_dir_all(e.path());
                 }
             }
         }
-        Ok(FunctionSpec { source_dir: dest, ..spec.clone() })
     }
 }
 

@@ -1,0 +1,878 @@
+"""Integration tests: the real `staccato` binary, real launchers and workers.
+
+A session-scoped server (`staccato up` on a free loopback port) gets every
+function of tests/functions deployed once; tests that need an isolated server
+(restart, token, listen address) start their own. Standard library only.
+
+Run: python3 -m pytest tests/test_integration.py -x -q
+(needs target/release/staccato and runtimes/c/build/staccato-c-host).
+"""
+import contextlib
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = REPO / "target" / "release" / "staccato"
+FUNCS = REPO / "tests" / "functions"
+PAYLOAD_MAX = 6 << 20  # the default --payload-max
+
+HEX16 = re.compile(r"[0-9a-f]{16}")
+TIMING = re.compile(r"queue_us=(\d+),exec_us=(\d+),cold_us=(\d+)")
+
+if not BIN.is_file():
+    pytest.skip(f"{BIN} is not built (cargo build --release)", allow_module_level=True)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra):
+    """The environment for staccato processes: none of the user's STACCATO_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
+    env.update(extra)
+    return env
+
+
+class Resp:
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self):
+        return f"<Resp {self.status} {self.body[:300]!r}>"
+
+
+def request(port, method, path, body=None, headers=None, timeout=10.0):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        data = r.read()
+        return Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, data)
+    finally:
+        conn.close()
+
+
+class Server:
+    """One `staccato up` process with its own state and IPC directories."""
+
+    def __init__(self, workdir, *, state_dir=None, token=None, port=None, argv=None):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.state_dir = Path(state_dir or self.workdir / "state")
+        self.ipc_dir = Path(f"/dev/shm/staccato-test-{self.port}")
+        self.token = token
+        self.log_path = self.workdir / f"staccato-{self.port}.log"
+        self.proc = None
+        self.argv = argv  # instead of `staccato up ...`
+
+    @property
+    def gateway(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout=20.0):
+        args = [str(BIN), "up", "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(self.state_dir),
+                "--ipc-dir", str(self.ipc_dir)]
+        if self.token:
+            args += ["--token", self.token]
+        if self.argv:
+            args = self.argv
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=clean_env(), cwd=REPO)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"staccato up exited with {self.proc.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(OSError):
+                if request(self.port, "GET", "/healthz", timeout=1).status == 200:
+                    return self
+            time.sleep(0.05)
+        raise AssertionError(f"staccato up not healthy within {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc:
+            self._log.close()
+        self.proc = None
+
+    def cleanup(self):
+        self.stop()
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def log_tail(self, lines=60):
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- calls
+
+    def auth(self):
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def invoke(self, name, data=b"", headers=None, timeout=10.0):
+        return request(self.port, "POST", f"/function/{name}", body=data, headers=headers, timeout=timeout)
+
+    def get(self, path, timeout=10.0, headers=None):
+        return request(self.port, "GET", path, headers={**self.auth(), **(headers or {})}, timeout=timeout)
+
+    def function(self, name):
+        r = self.get(f"/system/functions/{name}")
+        assert r.status == 200, r
+        return r.json()
+
+    def sched(self, name):
+        st = self.function(name)["status"]
+        assert st, f"engine has no status for {name}"
+        return st["scheduler"]
+
+    def cli(self, *args, token=None, timeout=60):
+        env = clean_env(STACCATO_GATEWAY=self.gateway)
+        if token:
+            env["STACCATO_TOKEN"] = token
+        return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=REPO)
+
+    def deploy(self, path, token=None):
+        p = self.cli("deploy", path, token=token)
+        assert p.returncode == 0, f"deploy failed:\n{p.stdout}\n{p.stderr}\n{self.log_tail()}"
+        return p
+
+
+@contextlib.contextmanager
+def own_server(workdir, **kw):
+    """A private server; its log tail is printed if the block fails."""
+    srv = Server(workdir, **kw)
+    try:
+        srv.start()
+        yield srv
+    except BaseException:
+        print(f"--- tail of {srv.log_path}\n{srv.log_tail()}")
+        raise
+    finally:
+        srv.cleanup()
+
+
+def check_error(r, status, kind, *, in_message=None, call_id=True):
+    """An error response: the status, and a body with kind, message, call id."""
+    assert r.status == status, r
+    assert r.headers.get("content-type", "").startswith("application/json"), r.headers
+    err = r.json()["error"]
+    assert set(err) >= {"kind", "message", "call_id"}, err
+    assert err["kind"] == kind, err
+    assert isinstance(err["message"], str) and err["message"], err
+    if call_id:
+        assert isinstance(err["call_id"], str) and HEX16.fullmatch(err["call_id"]), err
+        assert r.headers.get("x-call-id") == err["call_id"], (r.headers, err)
+    else:
+        assert err["call_id"] is None or HEX16.fullmatch(err["call_id"]), err
+    if in_message is not None:
+        assert in_message in err["message"], err
+    return err
+
+
+def timing(r):
+    m = TIMING.fullmatch(r.headers.get("x-staccato-timing", ""))
+    assert m, r.headers
+    return {"queue_us": int(m[1]), "exec_us": int(m[2]), "cold_us": int(m[3])}
+
+
+def ok_body(r):
+    assert r.status == 200, r
+    return r.body
+
+
+def wait_for(pred, timeout, interval=0.1):
+    """Polls pred() until it returns something true or the time is up; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= deadline:
+            return v
+        time.sleep(interval)
+
+
+def traces(srv, function, limit=200):
+    r = srv.get(f"/system/trace?function={function}&limit={limit}")
+    assert r.status == 200, r
+    return r.json()
+
+
+def shm_files(srv):
+    """Payload files left in any function's shm directory."""
+    return sorted(str(p) for p in srv.ipc_dir.glob("*/shm/*"))
+
+
+def manifest_names(path):
+    """Function names of a manifest (two-space indented keys under functions:)."""
+    names, inside = [], False
+    for line in Path(path).read_text().splitlines():
+        if re.match(r"^functions:\s*$", line):
+            inside = True
+        elif inside and re.match(r"^\S", line):
+            inside = False
+        elif inside:
+            m = re.match(r"^  ([a-z][a-z0-9_-]*):\s*$", line)
+            if m:
+                names.append(m[1])
+    return names
+
+
+def alive_pid(pid):
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def max_overlap(intervals):
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("staccato"))
+    try:
+        srv.start()
+        srv.deploy(FUNCS)
+    except BaseException:
+        print(f"--- tail of {srv.log_path}\n{srv.log_tail()}")
+        srv.cleanup()
+        raise
+    yield srv
+    srv.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def _log_tail_on_failure(request):
+    """Prints the shared server's log tail when a test that used it failed."""
+    failed_before = request.session.testsfailed
+    yield
+    if "server" in request.fixturenames and request.session.testsfailed > failed_before:
+        srv = request.getfixturevalue("server")
+        print(f"--- tail of {srv.log_path}\n{srv.log_tail()}")
+
+
+# ---------------------------------------------------------------- 1. external calls
+
+
+def test_external_calls_and_headers(server):
+    r = server.invoke("echo", b"hello")
+    assert ok_body(r) == b"hello"
+    r2 = server.invoke("echo-c", b"hello")
+    assert ok_body(r2) == b"c:hello"  # ECHO_PREFIX from the manifest's env reached the C function
+    ids = set()
+    for resp in (r, r2, server.invoke("echo", b""), server.invoke("nop-c", b"x")):
+        assert resp.status == 200, resp
+        cid = resp.headers.get("x-call-id", "")
+        assert HEX16.fullmatch(cid), resp.headers
+        assert int(cid, 16) >> 63 == 1, cid  # gateway call ids have bit 63 set
+        ids.add(cid)
+        t = timing(resp)
+        assert t["exec_us"] < 5_000_000 and t["queue_us"] < 5_000_000, t
+    assert len(ids) == 4, ids
+    assert server.invoke("echo", b"").body == b""
+    assert server.invoke("nop-c", b"x").body == b""
+    # The CLI's invoke prints the output.
+    p = server.cli("invoke", "echo-c", "--data", "via-cli")
+    assert p.returncode == 0 and p.stdout == "c:via-cli", (p.stdout, p.stderr)
+
+
+# ---------------------------------------------------------------- 2. internal calls
+
+
+def test_internal_calls(server):
+    r = server.invoke("relay", b"through relay")
+    assert ok_body(r) == b"through relay"
+    relay_id = r.headers["x-call-id"]
+    # The engine recorded echo's call as a child of relay's.
+    echo_calls = [t for t in traces(server, "echo") if t["parent_call_id"] == relay_id]
+    assert len(echo_calls) == 1 and echo_calls[0]["outcome"] == "ok", echo_calls
+
+    # C calls Python.
+    assert ok_body(server.invoke("call-c", b"echo:x")) == b"x"
+    assert ok_body(server.invoke("call-c", b"echo-c:y")) == b"c:y"  # C calls C
+
+    # C calls a function that does not exist: the callee error comes back as kind 1 (not_found).
+    r = server.invoke("call-c", b"no-such-function:x")
+    err = check_error(r, 500, "function_error", in_message="(kind 1)")
+    assert "no function named" in err["message"], err
+
+
+# ---------------------------------------------------------------- 3. nested chain
+
+
+def test_nested_chain(server):
+    r = server.invoke("chain-a", b"x")
+    assert ok_body(r) == b"a(b(c(x)))"
+    a_id = r.headers["x-call-id"]
+    b = [t for t in traces(server, "chain-b") if t["parent_call_id"] == a_id]
+    assert len(b) == 1, b
+    c = [t for t in traces(server, "chain-c") if t["parent_call_id"] == b[0]["call_id"]]
+    assert len(c) == 1, c
+
+
+# ---------------------------------------------------------------- 4. fan-out
+
+
+def test_fanout_eight_concurrent_internal_calls(server):
+    r = server.invoke("fanout", b"8")
+    assert json.loads(ok_body(r)) == [f"part-{i}" for i in range(8)]
+    children = [t for t in traces(server, "echo") if t["parent_call_id"] == r.headers["x-call-id"]]
+    assert len(children) == 8 and all(t["outcome"] == "ok" for t in children), children
+    assert len({t["call_id"] for t in children}) == 8
+
+
+# ---------------------------------------------------------------- 5. shared-memory payloads
+
+
+def test_one_mib_payloads_through_shared_memory(server):
+    data = os.urandom(1 << 20)
+    assert ok_body(server.invoke("echo", data, timeout=20)) == data
+    assert ok_body(server.invoke("echo-c", data, timeout=20)) == b"c:" + data
+    assert ok_body(server.invoke("relay", data, timeout=20)) == data  # Python → Python internal call
+    assert ok_body(server.invoke("call-c", b"echo:" + data, timeout=20)) == data  # C → Python internal call
+    # Exactly the limit still passes.
+    big = os.urandom(PAYLOAD_MAX)
+    assert ok_body(server.invoke("echo", big, timeout=30)) == big
+    left = wait_for(lambda: not shm_files(server), timeout=2.0) or shm_files(server)
+    assert left is True, f"payload files left behind: {left}"
+
+
+# ---------------------------------------------------------------- 6. concurrency limiting
+
+
+def test_tau_bounds_running_invocations(server):
+    fn = "tau-c"  # slow.c; min 1, max 8; no other test calls it
+    # Warm-up: one 200 ms call every 400 ms. The first interval initialises λ
+    # (≈ 2.5/s) and the first call t (≈ 0.2 s); alpha = 1e-3 keeps them there,
+    # so τ = ceil(λ·t) = ceil(0.5) = 1.
+    t0 = time.monotonic()
+    for i in range(4):
+        time.sleep(max(0.0, t0 + 0.4 * i - time.monotonic()))
+        assert ok_body(server.invoke(fn, b"200"))
+    s = server.sched(fn)
+    assert s["tau"] == 1, s
+    assert 1.5 < s["rate_per_s"] < 4.0, s
+    assert 150 < s["processing_ms"] < 450, s
+
+    # A (600 ms) and, 100 ms later, B (200 ms): τ = 1, so B waits for A even
+    # though max_workers would allow another worker.
+    with ThreadPoolExecutor(2) as ex:
+        fa = ex.submit(server.invoke, fn, b"600")
+        time.sleep(0.1)
+        fb = ex.submit(server.invoke, fn, b"200")
+        time.sleep(0.2)
+        mid = server.sched(fn)
+        ra, rb = fa.result(15), fb.result(15)
+    a, b = json.loads(ok_body(ra)), json.loads(ok_body(rb))
+    assert mid["tau"] == 1 and mid["running"] == 1 and mid["queued"] == 1, mid
+    assert mid["starting"] == 0 and mid["pool"] == 1, mid  # the pool was not grown for B
+    assert b["start_us"] >= a["end_us"], (a, b)
+    assert timing(rb)["queue_us"] >= 300_000, rb.headers  # ≈ 500 ms expected
+    assert timing(ra)["queue_us"] < 100_000, ra.headers
+    assert server.sched(fn)["running_max"] == 1
+
+
+def test_running_max_never_exceeds_max_workers(server):
+    max_workers = server.function("slow")["max_workers"]
+    assert max_workers == 8
+    with ThreadPoolExecutor(12) as ex:
+        rs = [f.result(30) for f in [ex.submit(server.invoke, "slow", b"300", None, 20) for _ in range(12)]]
+    outs = [json.loads(ok_body(r)) for r in rs]
+    s = server.sched("slow")
+    assert 2 <= s["running_max"] <= max_workers, s  # it did run in parallel, within the bound
+    assert all(o["running_max"] <= max_workers for o in outs), outs  # the function's own count agrees
+    assert s["pool"] <= max_workers and s["running"] == 0 and s["queued"] == 0, s
+
+
+# ---------------------------------------------------------------- 7. pool growth and shrink
+
+
+def test_pool_grows_under_burst_and_shrinks_when_idle(server):
+    fn = "slow-c"
+    with ThreadPoolExecutor(16) as ex:
+        futs = [ex.submit(server.invoke, fn, b"300", None, 30) for _ in range(16)]
+        time.sleep(0.8)
+        during = server.sched(fn)
+        rs = [f.result(30) for f in futs]
+    outs = [json.loads(ok_body(r)) for r in rs]
+    pids = {o["pid"] for o in outs}
+    assert len(pids) > 1, outs
+    assert during["pool"] > 1 and during["pool"] <= 8, during
+    concurrent = max_overlap([(o["start_us"], o["end_us"]) for o in outs])
+    assert 2 <= concurrent <= 8, concurrent
+    s = server.sched(fn)
+    assert s["running_max"] <= 8, s
+
+    # Idle: λ decays to 1/silence, τ to 1, the pool to max(2τ, min_workers) = 2.
+    s = wait_for(lambda: (lambda x: x if x["pool"] <= 2 else None)(server.sched(fn)), timeout=3.0)
+    assert s, f"pool did not shrink within 3 s: {server.sched(fn)}"
+    live = wait_for(lambda: (lambda n: n if len(n) <= 2 else None)([p for p in pids if alive_pid(p)]), timeout=2.0)
+    assert live is not None, f"stopped workers still running: {[p for p in pids if alive_pid(p)]}"
+    assert ok_body(server.invoke(fn, b"1"))
+
+
+def test_burst_is_served_by_a_grown_pool(server, tmp_path):
+    # A fresh copy of slow.c, so no earlier call shaped its averages.
+    server.deploy(_write(tmp_path / "staccato.yml", f"functions:\n  burst-c:\n    runtime: c\n    source: {FUNCS / 'c'}\n"
+                                                    "    handler: slow.c\n    max_workers: 8\n    timeout: 20s\n"))
+    with ThreadPoolExecutor(16) as ex:
+        rs = [f.result(30) for f in [ex.submit(server.invoke, "burst-c", b"300", None, 25) for _ in range(16)]]
+    outs = [json.loads(ok_body(r)) for r in rs]
+    concurrent = max_overlap([(o["start_us"], o["end_us"]) for o in outs])
+    # 16 calls arrive within milliseconds and take 300 ms: λ·t ≫ 8, so up to 8 should run at once.
+    assert concurrent >= 6, (concurrent, server.sched("burst-c"))
+
+
+# ---------------------------------------------------------------- 8. every error
+
+
+def test_error_unknown_function(server):
+    check_error(server.invoke("no-such-function", b"x"), 404, "not_found", in_message="no-such-function")
+
+
+def _send_too_large(port, chunked):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.putrequest("POST", "/function/echo")
+        if chunked:
+            conn.putheader("Transfer-Encoding", "chunked")
+        else:
+            conn.putheader("Content-Length", str(PAYLOAD_MAX + 1))
+        conn.endheaders()
+        block, sent = b"\xab" * 65536, 0
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            while sent < PAYLOAD_MAX + 1:
+                n = min(len(block), PAYLOAD_MAX + 1 - sent)
+                conn.send(b"%x\r\n%s\r\n" % (n, block[:n]) if chunked else block[:n])
+                sent += n
+            if chunked:
+                conn.send(b"0\r\n\r\n")
+        r = conn.getresponse()
+        return Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_error_payload_too_large(server, chunked):
+    check_error(_send_too_large(server.port, chunked), 413, "payload_too_large", in_message=str(PAYLOAD_MAX))
+    assert ok_body(server.invoke("echo", b"still fine")) == b"still fine"
+
+
+def test_error_function_raises(server):
+    r = server.invoke("fail", b"oops")
+    check_error(r, 500, "function_error", in_message="ValueError: bad input: oops")
+
+
+def test_error_worker_crash(server):
+    before = server.sched("crash-c")
+    assert before["pool"] == 2, before
+    with ThreadPoolExecutor(3) as ex:
+        fc = ex.submit(server.invoke, "crash-c", b"crash")
+        fe = [ex.submit(server.invoke, "echo", b"during crash %d" % i) for i in range(2)]
+        crash = fc.result(15)
+        echoes = [f.result(15) for f in fe]
+    err = check_error(crash, 502, "worker_crashed", in_message="exited while running the call")
+    dead_pid = int(re.search(r"\(pid (\d+)\)", err["message"])[1])
+    assert [ok_body(r) for r in echoes] == [b"during crash 0", b"during crash 1"]
+    # crash-c keeps answering, never from the dead worker, and gets back to 2 workers.
+    pids = {int(ok_body(server.invoke("crash-c", b"hi")).split(b"=")[1]) for _ in range(6)}
+    assert dead_pid not in pids and not alive_pid(dead_pid), (dead_pid, pids)
+    s = wait_for(lambda: (lambda x: x if x["pool"] == 2 else None)(server.sched("crash-c")), timeout=3.0)
+    assert s, server.sched("crash-c")
+    assert server.function("crash-c")["status"]["failed"] >= 1
+    assert ok_body(server.invoke("echo-c", b"z")) == b"c:z"
+    # Seen from a caller: the crash arrives as the callee's error kind 4.
+    err = check_error(server.invoke("call-c", b"crash-c:crash"), 500, "function_error", in_message="(kind 4)")
+    assert "exited while running" in err["message"], err
+
+
+def test_error_timeout_recycles_worker(server):
+    def worker_of(r):
+        err = check_error(r, 504, "timeout", in_message="did not finish within 500 ms")
+        return int(re.search(r"worker (\d+) was recycled", err["message"])[1])
+
+    with ThreadPoolExecutor(2) as ex:
+        t = time.monotonic()
+        fh = ex.submit(server.invoke, "hang", b"", None, 10)
+        fe = ex.submit(server.invoke, "echo", b"while hanging")
+        assert ok_body(fe.result(10)) == b"while hanging"
+        first = fh.result(10)
+        elapsed = time.monotonic() - t
+    w1 = worker_of(first)
+    assert 0.45 <= elapsed < 3.0, elapsed
+    assert ok_body(server.invoke("echo", b"after")) == b"after"
+    w2 = worker_of(server.invoke("hang", b"", timeout=10))
+    assert w2 != w1, (w1, w2)
+    assert ok_body(server.invoke("echo", b"after 2")) == b"after 2"
+
+    # The x-staccato-timeout-ms request header shortens the function's own timeout.
+    t = time.monotonic()
+    r = server.invoke("slow-c", b"3000", headers={"X-Staccato-Timeout-Ms": "200"})
+    elapsed = time.monotonic() - t
+    check_error(r, 504, "timeout", in_message="within 200 ms")
+    assert elapsed < 2.0, elapsed
+    assert ok_body(server.invoke("slow-c", b"1"))
+
+
+def test_engine_unreachable_gives_503(tmp_path):
+    """`staccato gateway` in front of a separate `staccato engine`, which dies and comes back."""
+    eport = free_port()
+    ipc = Path(f"/dev/shm/staccato-test-{eport}")
+    engine_argv = [str(BIN), "engine", "--engine-listen", f"127.0.0.1:{eport}", "--state-dir",
+                   str(tmp_path / "engine-state"), "--ipc-dir", str(ipc)]
+    engine_log = tmp_path / "engine.log"
+
+    def start_engine():
+        with open(engine_log, "ab") as log:
+            proc = subprocess.Popen(engine_argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=clean_env(), cwd=REPO)
+        return proc
+
+    def stop(proc):
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    manifest = _write(tmp_path / "m" / "staccato.yml",
+                      f"functions:\n  echo:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n")
+    engine = start_engine()
+    try:
+        gport = free_port()
+        gw_argv = [str(BIN), "gateway", "--listen", f"127.0.0.1:{gport}", "--engine", f"127.0.0.1:{eport}",
+                   "--state-dir", str(tmp_path / "gateway-state")]
+        with own_server(tmp_path / "gw", port=gport, argv=gw_argv) as gw:  # waits for /healthz 200: engine linked
+            gw.deploy(manifest)
+            assert ok_body(gw.invoke("echo", b"before")) == b"before"
+
+            stop(engine)
+            health = wait_for(lambda: (lambda r: r if r.status == 503 else None)(gw.get("/healthz")), timeout=5)
+            assert health and health.json() == {"status": "degraded", "engine": "down"}, gw.get("/healthz")
+            check_error(gw.invoke("echo", b"during"), 503, "engine_unavailable")
+            assert gw.alive()
+
+            # The engine comes back empty; the gateway reconnects and re-registers what it stored.
+            engine = start_engine()
+            r = wait_for(lambda: (lambda x: x if x.status == 200 else None)(gw.invoke("echo", b"after")), timeout=10)
+            assert r and r.body == b"after", (gw.invoke("echo", b"after"), engine_log.read_text()[-2000:])
+    finally:
+        stop(engine)
+        shutil.rmtree(ipc, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- 9. bad deployments
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_invalid_manifests_rejected_with_line(server, tmp_path):
+    py = FUNCS / "py"
+    bad_workers = _write(tmp_path / "w" / "staccato.yml", (
+        "version: 1\n"                       # 1
+        "functions:\n"                       # 2
+        "  zz-fine:\n"                       # 3
+        "    runtime: python\n"              # 4
+        f"    source: {py}\n"                # 5
+        "    handler: echo:handle\n"         # 6
+        "  bad-workers:\n"                   # 7
+        "    runtime: python\n"              # 8
+        f"    source: {py}\n"                # 9
+        "    handler: echo:handle\n"         # 10
+        "    min_workers: 5\n"               # 11
+        "    max_workers: 2\n"))             # 12
+    p = server.cli("deploy", bad_workers)
+    assert p.returncode != 0, p
+    assert "line 7" in p.stderr and "min_workers" in p.stderr, p.stderr
+
+    bad_runtime = _write(tmp_path / "r" / "staccato.yml", (
+        "functions:\n"                       # 1
+        "  bad-runtime:\n"                   # 2
+        "    source: .\n"                    # 3
+        "    runtime: ruby\n"))              # 4
+    p = server.cli("deploy", bad_runtime)
+    assert p.returncode != 0, p
+    assert "line 4" in p.stderr and "ruby" in p.stderr, p.stderr
+    for name in ("zz-fine", "bad-workers", "bad-runtime"):
+        assert server.get(f"/system/functions/{name}").status == 404
+
+
+def test_broken_code_rejected_at_deploy(server, tmp_path):
+    d = tmp_path / "broken"
+    _write(d / "broken.c", "#include <staccato.h>\n"
+           "int staccato_handle(staccato_ctx *ctx, const uint8_t *in, size_t n) {\n"
+           "    return undeclared_thing_xyz;\n}\n")
+    _write(d / "badsyntax.py", "def handle(ctx, data)\n    return data\n")
+    _write(d / "c.yml", "functions:\n  broken-c:\n    runtime: c\n    handler: broken.c\n")
+    _write(d / "py.yml", "functions:\n  broken-py:\n    runtime: python\n    handler: badsyntax:handle\n")
+
+    p = server.cli("deploy", d / "c.yml")
+    assert p.returncode != 0, p
+    assert "broken.c" in p.stderr and "undeclared_thing_xyz" in p.stderr, p.stderr
+
+    p = server.cli("deploy", d / "py.yml")
+    assert p.returncode != 0, p
+    assert "SyntaxError" in p.stderr and "badsyntax" in p.stderr, p.stderr
+
+    for name in ("broken-c", "broken-py"):
+        assert server.get(f"/system/functions/{name}").status == 404
+        check_error(server.invoke(name, b"x"), 404, "not_found")
+    # Nothing crashed.
+    assert server.alive()
+    assert server.get("/healthz").json() == {"status": "ok", "engine": "up"}
+    assert ok_body(server.invoke("echo", b"alive")) == b"alive"
+
+
+# ---------------------------------------------------------------- 10. restart
+
+
+def _manifest(dirpath, names):
+    """A manifest of Python functions answering b"<name>:" + input."""
+    for n in names:
+        mod = n.replace("-", "_")
+        _write(dirpath / f"{mod}.py", f"def handle(ctx, data):\n    return b'{n}:' + data\n")
+    body = "".join(f"  {n}:\n    runtime: python\n    handler: {n.replace('-', '_')}:handle\n" for n in names)
+    return _write(dirpath / "staccato.yml", "version: 1\nfunctions:\n" + body)
+
+
+def test_restart_keeps_functions(tmp_path):
+    src, state = tmp_path / "src", tmp_path / "state"
+    manifest = _manifest(src, ["keeper", "persist"])
+
+    with own_server(tmp_path / "run1", state_dir=state) as srv:
+        srv.deploy(manifest)
+        assert ok_body(srv.invoke("persist", b"1")) == b"persist:1"
+        srv.stop()
+    shutil.rmtree(src)  # the deployed code must not depend on the user's copy
+
+    with own_server(tmp_path / "run2", state_dir=state) as srv:
+        # Functions are restored in the background after start-up (see
+        # test_restart_serves_deployed_functions_once_healthy): wait for them.
+        r = wait_for(lambda: (lambda x: x if x.status == 200 else None)(srv.invoke("persist", b"2")), timeout=10)
+        assert r and r.body == b"persist:2", srv.invoke("persist", b"2")
+        p = srv.cli("rm", "persist")
+        assert p.returncode == 0 and "Removed persist" in p.stdout, (p.stdout, p.stderr)
+        check_error(srv.invoke("persist", b"3"), 404, "not_found")
+        srv.stop(signal.SIGKILL)
+
+    with own_server(tmp_path / "run3", state_dir=state) as srv:
+        r = wait_for(lambda: (lambda x: x if x.status == 200 else None)(srv.invoke("keeper", b"4")), timeout=10)
+        assert r and r.body == b"keeper:4", srv.invoke("keeper", b"4")
+        check_error(srv.invoke("persist", b"5"), 404, "not_found")
+        names = [f["name"] for f in srv.get("/system/functions").json()]
+        assert names == ["keeper"], names
+
+
+def test_restart_serves_deployed_functions_once_healthy(tmp_path):
+    names = ["ra", "rb", "rc", "rd"]
+    state = tmp_path / "state"
+    with own_server(tmp_path / "run1", state_dir=state) as srv:
+        srv.deploy(_manifest(tmp_path / "src", names))
+        srv.stop()
+    with own_server(tmp_path / "run2", state_dir=state) as srv:
+        # own_server returned as soon as /healthz said ok.
+        r = srv.invoke("rd", b"now")
+        assert r.status == 200 and r.body == b"rd:now", r
+
+
+def test_failed_redeploy_keeps_function_across_restart(tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    shutil.copy(FUNCS / "c" / "echo.c", good / "kc.c")
+    _write(bad / "kc.c", "int staccato_handle(void) { return no_such_thing; }\n")
+    for d in (good, bad):
+        _write(d / "staccato.yml", "functions:\n  kc:\n    runtime: c\n    handler: kc.c\n")
+    state = tmp_path / "state"
+    with own_server(tmp_path / "run1", state_dir=state) as srv:
+        srv.deploy(good)
+        p = srv.cli("deploy", bad)
+        assert p.returncode != 0 and "no_such_thing" in p.stderr, p.stderr
+        assert ok_body(srv.invoke("kc", b"still")) == b"still"  # the deployed version keeps running
+        srv.stop()
+    with own_server(tmp_path / "run2", state_dir=state) as srv:
+        r = wait_for(lambda: (lambda x: x if x.status == 200 else None)(srv.invoke("kc", b"again")), timeout=5)
+        assert r and r.body == b"again", srv.invoke("kc", b"again")
+
+
+# ---------------------------------------------------------------- 11. management API
+
+
+def test_management_api(server):
+    p = server.cli("ls", "--json")
+    assert p.returncode == 0, p.stderr
+    listed = {f["name"]: f for f in json.loads(p.stdout)}
+    expected = manifest_names(FUNCS / "staccato.yml")
+    assert len(expected) >= 14
+    assert set(expected) <= set(listed), set(expected) - set(listed)
+    assert listed["crash-c"]["min_workers"] == 2 and listed["crash-c"]["max_workers"] == 2
+    assert listed["hang"]["timeout_ms"] == 500 and listed["echo-c"]["env"] == {"ECHO_PREFIX": "c:"}
+    assert listed["echo"]["runtime"] == "python" and listed["echo-c"]["runtime"] == "c"
+    assert listed["echo"]["status"]["launcher"] == "ready"
+
+    r = request(server.port, "DELETE", "/system/functions/no-such-function")
+    check_error(r, 404, "not_found", call_id=False)
+    check_error(server.get("/system/functions/no-such-function"), 404, "not_found", call_id=False)
+    p = server.cli("rm", "no-such-function")
+    assert p.returncode != 0 and "not_found" in p.stderr, (p.stdout, p.stderr)
+
+
+def test_token_guards_management_api(tmp_path):
+    manifest = _write(tmp_path / "m" / "staccato.yml",
+                      f"functions:\n  echo:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n")
+    with own_server(tmp_path / "srv", token="s3cret") as srv:
+        check_error(request(srv.port, "GET", "/system/functions"), 401, "unauthorized", call_id=False)
+        check_error(request(srv.port, "GET", "/system/functions", headers={"Authorization": "Bearer wrong"}), 401,
+                    "unauthorized", call_id=False)
+        r = request(srv.port, "GET", "/system/functions", headers={"Authorization": "Bearer s3cret"})
+        assert r.status == 200 and r.json() == [], r
+        p = srv.cli("deploy", manifest)
+        assert p.returncode != 0 and "401" in p.stderr, (p.stdout, p.stderr)
+        srv.deploy(manifest, token="s3cret")
+        # Function calls, health and metrics need no token.
+        assert ok_body(srv.invoke("echo", b"open")) == b"open"
+        assert request(srv.port, "GET", "/healthz").status == 200
+        assert request(srv.port, "GET", "/metrics").status == 200
+
+
+def test_refuses_non_loopback_without_token(tmp_path):
+    port = free_port()
+    ipc = Path(f"/dev/shm/staccato-test-{port}")
+    try:
+        p = subprocess.run([str(BIN), "up", "--listen", f"0.0.0.0:{port}", "--state-dir", str(tmp_path / "state"),
+                            "--ipc-dir", str(ipc)], capture_output=True, text=True, timeout=30, env=clean_env())
+    finally:
+        shutil.rmtree(ipc, ignore_errors=True)
+    assert p.returncode != 0, (p.stdout, p.stderr)
+    assert "refusing to listen on 0.0.0.0" in p.stderr and "token" in p.stderr, p.stderr
+
+
+# ---------------------------------------------------------------- 12. metrics
+
+
+METRIC_LINE = re.compile(r'^(\w+)\{([^}]*)\} (\S+)$')
+
+
+def _metrics(srv):
+    r = request(srv.port, "GET", "/metrics")
+    assert r.status == 200 and r.headers["content-type"].startswith("text/plain"), r
+    text = r.body.decode()
+    out = {}
+    for line in text.splitlines():
+        m = METRIC_LINE.match(line)
+        if m:
+            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', m[2])))
+            out[(m[1], labels)] = float(m[3])
+    return text, out
+
+
+def test_metrics(server):
+    def total(m, fn, outcome):
+        return m.get(("staccato_invocations_total", (("function", fn), ("outcome", outcome))), 0.0)
+
+    _, before = _metrics(server)
+    for _ in range(3):
+        ok_body(server.invoke("nop-c", b""))
+    server.invoke("fail", b"m")
+    server.invoke("no-such-function", b"")
+    text, after = _metrics(server)
+    assert "# TYPE staccato_invocations_total counter" in text
+    assert "# TYPE staccato_invocation_duration_seconds histogram" in text
+    assert total(after, "nop-c", "ok") - total(before, "nop-c", "ok") == 3
+    assert total(after, "fail", "function_error") - total(before, "fail", "function_error") == 1
+    assert total(after, "_unknown", "not_found") - total(before, "_unknown", "not_found") == 1
+
+    buckets = sorted(((float(dict(k[1])["le"]), v) for k, v in after.items()
+                      if k[0] == "staccato_invocation_duration_seconds_bucket" and dict(k[1])["function"] == "nop-c"))
+    assert len(buckets) >= 10 and buckets[-1][0] == float("inf"), buckets
+    counts = [v for _, v in buckets]
+    assert counts == sorted(counts), buckets  # cumulative
+    count = after[("staccato_invocation_duration_seconds_count", (("function", "nop-c"),))]
+    assert counts[-1] == count >= 3
+    assert after[("staccato_invocation_duration_seconds_sum", (("function", "nop-c"),))] > 0
+
+
+# ---------------------------------------------------------------- 13. isolation
+
+
+def test_bad_calls_do_not_disturb_others(server):
+    bad = ([("crash-c", b"crash", {"worker_crashed"})] * 3 + [("hang", b"", {"timeout"})] * 2
+           + [("fail", b"x", {"function_error"})] * 4 + [("no-such-function", b"", {"not_found"})] * 4)
+    payloads = [b"echo %d " % i + os.urandom(32) for i in range(50)]
+    with ThreadPoolExecutor(12) as ex:
+        bad_f = [(ex.submit(server.invoke, n, d, None, 15), kinds) for n, d, kinds in bad]
+        good_f = [ex.submit(server.invoke, "echo", d, None, 15) for d in payloads]
+        good = [f.result(30) for f in good_f]
+        bad_r = [(f.result(30), kinds) for f, kinds in bad_f]
+    assert [r.status for r in good] == [200] * 50, [r for r in good if r.status != 200]
+    assert [r.body for r in good] == payloads
+    for r, kinds in bad_r:
+        assert r.status >= 400 and r.json()["error"]["kind"] in kinds, r
+    assert server.alive()
+    assert ok_body(server.invoke("crash-c", b"ok")).startswith(b"pid=")
+
+
+# ---------------------------------------------------------------- logs
+
+
+def test_logs_command(server, tmp_path):
+    """`staccato logs NAME --state-dir DIR` with the DIR given to `staccato up`."""
+    manifest = _write(tmp_path / "staccato.yml", "functions:\n  chatty:\n    runtime: python\n    handler: chatty:handle\n")
+    _write(tmp_path / "chatty.py", "def handle(ctx, data):\n    print('chatty got', data.decode(), flush=True)\n"
+                                   "    return b'ok'\n")
+    server.deploy(manifest)
+    assert ok_body(server.invoke("chatty", b"marker-7f3a")) == b"ok"
+
+    def logged():
+        p = server.cli("logs", "chatty", "--state-dir", server.state_dir)
+        return p if p.returncode == 0 and "chatty got marker-7f3a" in p.stdout else None
+    p = wait_for(logged, timeout=2.0)
+    assert p, server.cli("logs", "chatty", "--state-dir", server.state_dir)
