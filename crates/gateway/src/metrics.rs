@@ -84,7 +84,7 @@ mod tests {
         let text = m.render();
         assert!(text.contains("staccato_invocations_total{function=\"f\",outcome=\"ok\"} 2"), "{text}");
         assert!(text.contains("staccato_invocations_total{function=\"f\",outcome=\"timeout\"} 1"));
-        assert!(text.contains("le=\"5e-5\"} 1"), "{text}");
+        assert!(text.contains("le=\"0.00005\"} 1"), "{text}");
         assert!(text.contains("le=\"2.5\"} 2"));
         assert!(text.contains("le=\"+Inf\"} 3"));
         assert!(text.contains("_count{function=\"f\"} 3"));
