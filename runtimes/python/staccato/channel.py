@@ -5,6 +5,7 @@ channel 0 is the launcher channel, channel N > 0 is worker N. Each channel
 reads whole 1024-byte messages from its ``e2w`` FIFO via ``loop.add_reader``
 and writes messages to its ``w2e`` FIFO with plain ``os.write``.
 """
+import abc
 import asyncio
 import collections
 import errno
@@ -86,7 +87,7 @@ def write_shm(path, data):
         os.close(fd)
 
 
-class Channel:
+class Channel(abc.ABC):
     """Message framing and I/O for one FIFO pair; subclasses handle messages."""
 
     def __init__(self, runtime, worker_id, rfd, wfd):
@@ -139,8 +140,9 @@ class Channel:
             self._buf[:rest] = self._buf[off:end]
         self._have = rest
 
+    @abc.abstractmethod
     def on_message(self, msg):
-        raise NotImplementedError
+        """Handles one decoded message; each kind of channel decides how."""
 
     def on_eof(self, reason):
         self.close(reason)
