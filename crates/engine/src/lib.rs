@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod clock;
+mod code;
 pub mod concurrency;
 pub mod config;
 mod io_thread;

@@ -34,9 +34,12 @@ pub struct Worker {
     pub owner: usize,
     /// When the worker became ready (monotonic ns), to tell cold calls.
     pub ready_ns: u64,
-    /// When it last became idle.
+    /// When it last became idle; while `Starting`, when it was asked for.
     pub idle_since_ns: u64,
 }
+
+/// How many recent worker start-up times are kept for status reports.
+const READY_SAMPLES: usize = 64;
 
 #[derive(Clone, Debug)]
 pub struct Scheduler {
@@ -49,6 +52,8 @@ pub struct Scheduler {
     idle: Vec<u32>,
     running: u32,
     pub running_max: u32,
+    /// Recent times from asking for a worker to its hello, in µs.
+    ready_us: VecDeque<u64>,
 }
 
 /// What a worker's channel closing meant.
@@ -76,6 +81,8 @@ pub struct SchedulerStatus {
     pub pool: usize,
     pub rate_per_s: f64,
     pub processing_ms: f64,
+    /// Recent worker start-up times (asked for → ready), µs, oldest first.
+    pub worker_ready_us: Vec<u64>,
 }
 
 impl Scheduler {
@@ -89,6 +96,7 @@ impl Scheduler {
             idle: Vec::new(),
             running: 0,
             running_max: 0,
+            ready_us: VecDeque::new(),
         }
     }
 
@@ -160,14 +168,18 @@ impl Scheduler {
         for_queue.max(for_min).min(room)
     }
 
-    pub fn worker_starting(&mut self, id: u32, owner: usize) {
-        self.workers.insert(id, Worker { state: WorkerState::Starting, owner, ready_ns: 0, idle_since_ns: 0 });
+    pub fn worker_starting(&mut self, id: u32, owner: usize, now_ns: u64) {
+        self.workers.insert(id, Worker { state: WorkerState::Starting, owner, ready_ns: 0, idle_since_ns: now_ns });
     }
 
     /// The worker said hello. Returns false for a worker we did not ask for.
     pub fn worker_ready(&mut self, id: u32, now_ns: u64) -> bool {
         match self.workers.get_mut(&id) {
             Some(w) if w.state == WorkerState::Starting => {
+                if self.ready_us.len() == READY_SAMPLES {
+                    self.ready_us.pop_front();
+                }
+                self.ready_us.push_back(now_ns.saturating_sub(w.idle_since_ns) / 1000);
                 w.state = WorkerState::Idle;
                 w.ready_ns = now_ns;
                 w.idle_since_ns = now_ns;
@@ -263,6 +275,7 @@ impl Scheduler {
             pool: count(|s| matches!(s, WorkerState::Idle | WorkerState::Busy(_))),
             rate_per_s: self.hint.rate_per_s(now_ns, !self.queue.is_empty() || self.running > 0),
             processing_ms: self.hint.processing_s() * 1e3,
+            worker_ready_us: self.ready_us.iter().copied().collect(),
         }
     }
 }
@@ -275,7 +288,7 @@ mod tests {
 
     fn ready_pool(s: &mut Scheduler, n: u32) {
         for id in 1..=n {
-            s.worker_starting(id, 0);
+            s.worker_starting(id, 0, 0);
             assert!(s.worker_ready(id, 0));
         }
     }
@@ -308,8 +321,8 @@ mod tests {
     #[test]
     fn prefers_worker_of_the_same_thread() {
         let mut s = Scheduler::new(0, 8, 1e-3);
-        s.worker_starting(1, 0);
-        s.worker_starting(2, 1);
+        s.worker_starting(1, 0, 0);
+        s.worker_starting(2, 1, 0);
         s.worker_ready(1, 0);
         s.worker_ready(2, 0);
         s.enqueue(9, 0);
@@ -332,7 +345,7 @@ mod tests {
         assert!(s.tau(now) >= 4);
         assert_eq!(s.workers_to_create(now), 3); // capped: 1 live + 3 = max 4
         for id in 2..=4 {
-            s.worker_starting(id, 0);
+            s.worker_starting(id, 0, 0);
         }
         assert_eq!(s.workers_to_create(now), 0);
     }

@@ -9,7 +9,7 @@
 
 use crate::config::{EngineConfig, Placement};
 use crate::scheduler::{Removed, Scheduler, SchedulerStatus};
-use crate::spec::{FunctionSpec, Runtime};
+use crate::spec::FunctionSpec;
 use mio::{Token, Waker};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -273,18 +273,19 @@ impl Shared {
                 let Some(ltx) = core.launcher.tx.clone() else { return };
                 for _ in 0..core.sched.workers_to_create(now) {
                     let worker_id = self.next_worker_id.fetch_add(1, Ordering::Relaxed);
-                    let owner = match func.spec.runtime {
+                    let owner = if func.spec.runtime.multiplexed() {
+                        // One process serves every channel: read them all on
+                        // one thread, on the vCPU the process is pinned to.
+                        core.launcher.owner
+                    } else {
                         // Workers of their own process spread over the I/O
                         // threads (and so the vCPUs); each is pinned where
                         // its channel is read.
-                        Runtime::C => self.next_owner.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len(),
-                        // One process serves every channel: read them all on
-                        // one thread, on the vCPU the process is pinned to.
-                        Runtime::Python => core.launcher.owner,
+                        self.next_owner.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len()
                     };
                     match ipc::EngineChannel::create(&func.dir, worker_id) {
                         Ok(ch) => {
-                            core.sched.worker_starting(worker_id, owner);
+                            core.sched.worker_starting(worker_id, owner, now);
                             core.workers.insert(worker_id, WorkerHandle { tx: Arc::new(ch.tx), pid: 0 });
                             self.post(owner, Cmd::AdoptChannel { func: func.clone(), worker_id, rx: ch.rx });
                             out.push(Action::CreateWorker { launcher_tx: ltx.clone(), worker_id });

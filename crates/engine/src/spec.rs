@@ -9,14 +9,29 @@ use std::path::PathBuf;
 pub enum Runtime {
     Python,
     C,
+    Node,
+    Go,
+    Cpp,
 }
 
 impl Runtime {
+    pub const ALL: [Runtime; 5] = [Runtime::Python, Runtime::Node, Runtime::Go, Runtime::C, Runtime::Cpp];
+
     pub fn name(self) -> &'static str {
         match self {
             Runtime::Python => "python",
             Runtime::C => "c",
+            Runtime::Node => "node",
+            Runtime::Go => "go",
+            Runtime::Cpp => "cpp",
         }
+    }
+
+    /// Whether one process serves every worker channel of a function
+    /// (Nightcore §4.2: Python and Node.js event loops, Go goroutines), as
+    /// opposed to a process per worker (C, C++).
+    pub fn multiplexed(self) -> bool {
+        matches!(self, Runtime::Python | Runtime::Node | Runtime::Go)
     }
 }
 
@@ -28,8 +43,10 @@ impl Runtime {
 pub struct FunctionSpec {
     pub name: String,
     pub runtime: Runtime,
-    /// Python: `module:function` (default `handler:handle`). C: the source
-    /// file to compile into the handler library (default `handler.c`).
+    /// Python: `module:function` (default `handler:handle`). Node.js:
+    /// `file:export` (default `handler.mjs:handle`). Go: the exported
+    /// function (default `Handle`). C / C++: the source file compiled into
+    /// the handler library (default `handler.c` / `handler.cpp`).
     #[serde(default)]
     pub handler: String,
     pub source_dir: PathBuf,
@@ -63,6 +80,9 @@ impl FunctionSpec {
             (false, _) => self.handler.clone(),
             (true, Runtime::Python) => "handler:handle".into(),
             (true, Runtime::C) => "handler.c".into(),
+            (true, Runtime::Node) => "handler.mjs:handle".into(),
+            (true, Runtime::Go) => "Handle".into(),
+            (true, Runtime::Cpp) => "handler.cpp".into(),
         }
     }
 
@@ -97,9 +117,24 @@ impl FunctionSpec {
                     return Err(format!("python handler must look like module:function, got {handler:?}"));
                 }
             }
-            Runtime::C => {
-                if handler.contains("..") || handler.starts_with('/') || !handler.ends_with(".c") {
-                    return Err(format!("c handler must be a .c file inside the source directory, got {handler:?}"));
+            Runtime::C | Runtime::Cpp => {
+                let ext = if self.runtime == Runtime::C { ".c" } else { ".cpp" };
+                if !is_relative_file(&handler) || !handler.ends_with(ext) {
+                    return Err(format!(
+                        "{} handler must be a {ext} file inside the source directory, got {handler:?}",
+                        self.runtime.name()
+                    ));
+                }
+            }
+            Runtime::Node => {
+                let ok = handler.split_once(':').is_some_and(|(f, e)| is_relative_file(f) && is_identifier(e));
+                if !ok {
+                    return Err(format!("node handler must look like file.mjs:exportName, got {handler:?}"));
+                }
+            }
+            Runtime::Go => {
+                if !is_identifier(&handler) || !handler.starts_with(|c: char| c.is_ascii_uppercase()) {
+                    return Err(format!("go handler must be an exported function name like Handle, got {handler:?}"));
                 }
             }
         }
@@ -113,6 +148,11 @@ impl FunctionSpec {
         }
         Ok(())
     }
+}
+
+/// A relative path that stays inside the source directory.
+fn is_relative_file(p: &str) -> bool {
+    !p.is_empty() && !p.starts_with('/') && !p.split('/').any(|c| c == ".." || c.is_empty())
 }
 
 fn is_identifier(s: &str) -> bool {
@@ -145,6 +185,13 @@ mod tests {
         assert!(FunctionSpec { handler: "pkg.mod:fn_1".into(), ..spec() }.validate().is_ok());
         assert!(FunctionSpec { runtime: Runtime::C, handler: "../x.c".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { runtime: Runtime::C, ..spec() }.validate().is_ok());
+        for r in Runtime::ALL {
+            assert_eq!(FunctionSpec { runtime: r, ..spec() }.validate(), Ok(()), "{r:?} default handler");
+        }
+        assert!(FunctionSpec { runtime: Runtime::Node, handler: "x.mjs:".into(), ..spec() }.validate().is_err());
+        assert!(FunctionSpec { runtime: Runtime::Node, handler: "../x.mjs:h".into(), ..spec() }.validate().is_err());
+        assert!(FunctionSpec { runtime: Runtime::Go, handler: "handle".into(), ..spec() }.validate().is_err());
+        assert!(FunctionSpec { runtime: Runtime::Cpp, handler: "h.c".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { timeout_ms: 0, ..spec() }.validate().is_err());
         assert!(FunctionSpec { source_dir: "rel".into(), ..spec() }.validate().is_err());
     }

@@ -4,12 +4,12 @@
 
 use crate::scheduler::Scheduler;
 use crate::shared::{lock, Cmd, FnCore, Function, Launcher, LauncherState, Shared, SupervisorCmd};
-use crate::spec::{FunctionSpec, Runtime};
+use crate::spec::FunctionSpec;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -67,8 +67,8 @@ impl Supervisor {
         let generation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
         let fn_state = cfg.state_dir.join("functions").join(&spec.name);
         let code_dir = fn_state.join(format!("{generation}"));
-        copy_dir(&spec.source_dir, &code_dir).map_err(|e| format!("copying source: {e}"))?;
-        prepare_code(cfg, &spec, &code_dir)?;
+        crate::code::copy_dir(&spec.source_dir, &code_dir).map_err(|e| format!("copying source: {e}"))?;
+        crate::code::prepare(cfg, &spec, &code_dir)?;
         let logs = cfg.state_dir.join("logs");
         fs::create_dir_all(&logs).map_err(|e| format!("creating {}: {e}", logs.display()))?;
         let func = Arc::new(Function {
@@ -196,9 +196,8 @@ impl Supervisor {
             .append(true)
             .open(&f.log_path)
             .map_err(|e| format!("opening {}: {e}", f.log_path.display()))?;
-        let mut cmd = launcher_command(cfg, f)?;
-        cmd.current_dir(&f.code_dir)
-            .envs(&f.spec.env)
+        let mut cmd = crate::code::launcher_command(cfg, &f.spec, &f.code_dir)?;
+        cmd.envs(&f.spec.env)
             .env("STACCATO_FUNCTION", &f.spec.name)
             .env("STACCATO_IPC_DIR", &f.dir)
             .env("STACCATO_PAYLOAD_MAX", cfg.payload_len_max.to_string())
@@ -271,91 +270,6 @@ impl Supervisor {
             .collect();
         json!({ "traces": recs })
     }
-}
-
-fn launcher_command(cfg: &crate::config::EngineConfig, f: &Function) -> Result<Command, String> {
-    match f.spec.runtime {
-        Runtime::Python => {
-            let mut cmd = Command::new(&cfg.python);
-            cmd.args(["-u", "-m", "staccato.launcher"]);
-            let mut path = cfg.runtimes_dir.join("python").into_os_string();
-            if let Some(old) = std::env::var_os("PYTHONPATH") {
-                path.push(":");
-                path.push(old);
-            }
-            cmd.env("PYTHONPATH", path).env("STACCATO_HANDLER", f.spec.handler_or_default());
-            Ok(cmd)
-        }
-        Runtime::C => {
-            let host = c_host(cfg);
-            if !host.is_file() {
-                return Err(format!("C runtime host {} is not built (run `make build`)", host.display()));
-            }
-            let mut cmd = Command::new(host);
-            cmd.env("STACCATO_HANDLER", f.code_dir.join(C_LIBRARY));
-            Ok(cmd)
-        }
-    }
-}
-
-const C_LIBRARY: &str = "handler.so";
-
-fn c_host(cfg: &crate::config::EngineConfig) -> PathBuf {
-    cfg.runtimes_dir.join("c/build/staccato-c-host")
-}
-
-/// Builds what the runtime needs from the copied source: the C handler
-/// library, or a check that the Python module exists.
-fn prepare_code(cfg: &crate::config::EngineConfig, spec: &FunctionSpec, code_dir: &Path) -> Result<(), String> {
-    let handler = spec.handler_or_default();
-    match spec.runtime {
-        Runtime::C => {
-            let src = code_dir.join(&handler);
-            if !src.is_file() {
-                return Err(format!("handler source {handler} not found in {}", spec.source_dir.display()));
-            }
-            let include = cfg.runtimes_dir.join("c/include");
-            let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-                .args(["-O2", "-fPIC", "-shared", "-Wall", "-I"])
-                .arg(&include)
-                .arg(&src)
-                .arg("-o")
-                .arg(code_dir.join(C_LIBRARY))
-                .output()
-                .map_err(|e| format!("running the C compiler: {e}"))?;
-            if !out.status.success() {
-                return Err(format!("compiling {handler} failed:\n{}", String::from_utf8_lossy(&out.stderr)));
-            }
-            Ok(())
-        }
-        Runtime::Python => {
-            let module = handler.split(':').next().unwrap_or("handler").replace('.', "/");
-            let file = code_dir.join(format!("{module}.py"));
-            let pkg = code_dir.join(&module).join("__init__.py");
-            if !file.is_file() && !pkg.is_file() {
-                return Err(format!("handler module {module}.py not found in {}", spec.source_dir.display()));
-            }
-            Ok(())
-        }
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
-    fs::create_dir_all(to)?;
-    for e in fs::read_dir(from)? {
-        let e = e?;
-        let ty = e.file_type()?;
-        let dest = to.join(e.file_name());
-        if ty.is_dir() {
-            if e.file_name() == "__pycache__" || e.file_name() == "node_modules" {
-                continue;
-            }
-            copy_dir(&e.path(), &dest)?;
-        } else if ty.is_file() {
-            fs::copy(e.path(), dest)?;
-        }
-    }
-    Ok(())
 }
 
 /// The last lines of a function's log, to explain why it failed.

@@ -5,6 +5,7 @@
 
 mod bench;
 mod client;
+mod new;
 mod up;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -40,6 +41,15 @@ enum Cmd {
     Down {
         #[arg(long, env = "STACCATO_STATE_DIR")]
         state_dir: Option<PathBuf>,
+    },
+    /// Scaffold a new function: NAME/staccato.yml and a handler.
+    New {
+        name: String,
+        #[arg(long, value_enum)]
+        lang: new::Lang,
+        /// Directory to create NAME/ in.
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
     },
     /// Deploy the functions of a manifest (a file, or a directory holding staccato.yml).
     Deploy { path: PathBuf },
@@ -101,6 +111,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Engine(args) => up::engine_only(args),
         Cmd::Gateway(args) => up::gateway_only(args),
         Cmd::Down { state_dir } => up::down(state_dir),
+        Cmd::New { ref name, lang, ref dir } => new::new(name, lang, dir),
         Cmd::Deploy { ref path } => deploy(&mut client()?, path),
         Cmd::Invoke { ref name, ref data, timeout_ms, verbose } => {
             invoke(&mut client()?, name, data.as_deref(), timeout_ms, verbose)
