@@ -32,7 +32,7 @@ fn random_messages_never_panic() {
         // Mostly-plausible headers: small kinds and lengths, so the search
         // reaches the deeper validation rules, not just the kind check.
         for b in buf[..HEADER_LEN].iter_mut() {
-            *b = if rng.next() % 4 == 0 { rng.next() as u8 } else { 0 };
+            *b = if rng.next().is_multiple_of(4) { rng.next() as u8 } else { 0 };
         }
         buf[0] = (rng.next() % 10) as u8;
         buf[1] = 0;
@@ -54,7 +54,7 @@ fn random_frames_never_panic() {
     for _ in 0..200_000 {
         let mut b = [0u8; FRAME_HEADER_LEN];
         for x in b.iter_mut() {
-            *x = if rng.next() % 3 == 0 { rng.next() as u8 } else { 0 };
+            *x = if rng.next().is_multiple_of(3) { rng.next() as u8 } else { 0 };
         }
         if let Ok(h) = FrameHeader::decode(&b) {
             assert_eq!(FrameHeader::decode(&h.encode()), Ok(h));

@@ -19,8 +19,16 @@
  * (staccato-c-host), which loads the library; do not link against anything.
  *
  * Threading: a worker runs one invocation at a time.  The ctx passed to
- * staccato_handle is valid only until staccato_handle returns, and the
- * staccato_* functions must be called from the thread running the handler.
+ * staccato_handle is valid only until staccato_handle returns.  While it
+ * runs, the handler may use ctx from threads of its own:
+ *   - staccato_call may be called from several threads at once (fan-out:
+ *     the calls are in flight together and each thread gets its own result);
+ *   - staccato_log and the read-only accessors (call id, deadline, ...) are
+ *     thread-safe;
+ *   - staccato_set_output / staccato_set_error must not run concurrently
+ *     with each other (set the result from one thread, e.g. after joining).
+ * Every thread that uses ctx must be done with it (joined) before
+ * staccato_handle returns.
  */
 #ifndef STACCATO_H
 #define STACCATO_H
@@ -103,7 +111,8 @@ STACCATO_API void staccato_log(staccato_ctx *ctx, const char *fmt, ...) STACCATO
 
 /*
  * Calls another function synchronously and waits for its result.  The callee
- * inherits this invocation's deadline.  out may be NULL to discard the
+ * inherits this invocation's deadline.  Thread-safe: several threads of the
+ * running invocation may each have a call in flight at the same time.  out may be NULL to discard the
  * result; otherwise *out is always filled in and must be released with
  * staccato_result_free.  Returns 0 on success or the error kind (also in
  * out->error_kind):

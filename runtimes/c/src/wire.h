@@ -11,6 +11,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Usable from C++ too (the C++ runtime's conformance_vectors reuses this
+ * codec: C++ functions run in this same C host). */
+#ifdef __cplusplus
+#define STC_STATIC_ASSERT static_assert
+extern "C" {
+#else
+#define STC_STATIC_ASSERT _Static_assert
+#endif
+
 #define STC_MSG_LEN 1024u
 #define STC_HEADER_LEN 64u
 #define STC_INLINE_MAX 960u
@@ -33,9 +42,9 @@
 #define STC_OFF_RESERVED 52
 #define STC_RESERVED_LEN 12
 
-_Static_assert(STC_OFF_RESERVED + STC_RESERVED_LEN == STC_HEADER_LEN, "header is 64 bytes");
-_Static_assert(STC_HEADER_LEN + STC_INLINE_MAX == STC_MSG_LEN, "message is 1024 bytes");
-_Static_assert(STC_MSG_LEN <= 4096, "a message must fit in PIPE_BUF for atomic writes");
+STC_STATIC_ASSERT(STC_OFF_RESERVED + STC_RESERVED_LEN == STC_HEADER_LEN, "header is 64 bytes");
+STC_STATIC_ASSERT(STC_HEADER_LEN + STC_INLINE_MAX == STC_MSG_LEN, "message is 1024 bytes");
+STC_STATIC_ASSERT(STC_MSG_LEN <= 4096, "a message must fit in PIPE_BUF for atomic writes");
 
 enum stc_kind {
     STC_LAUNCHER_HELLO = 1,
@@ -104,5 +113,9 @@ stc_wire_status stc_encode(const stc_header *h, const void *inline_bytes, uint8_
 
 /* Overwrites send_ts_ns in an encoded message (set right before writing). */
 void stc_set_send_ts(uint8_t msg[STC_MSG_LEN], uint64_t send_ts_ns);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* STACCATO_WIRE_H */

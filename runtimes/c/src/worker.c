@@ -2,13 +2,27 @@
  * worker.c - one worker process: serves Dispatch messages on its channel and
  * implements the public staccato_* API used by the handler.
  *
- * A worker runs one invocation at a time, so all state is static: one
- * context, one send buffer and two receive buffers.  The inline hot path
- * (Dispatch in, Completion out, Invoke/Completion for internal calls) does no
- * allocation; the output and error buffers grow only when a handler needs
- * more than they hold.
+ * A worker runs one invocation at a time, so most state is static: one
+ * context, one send buffer, one receive buffer for the Dispatch.  The inline
+ * hot path (Dispatch in, Completion out, Invoke/Completion for internal
+ * calls) does no allocation; the output and error buffers grow only when a
+ * handler needs more than they hold.
+ *
+ * Internal calls may be made from several threads of one invocation at once
+ * (fan-out).  Every message is written whole under send_mu.  Replies are
+ * demultiplexed by call id without a thread of our own: each outstanding
+ * staccato_call has a waiter (on its caller's stack) in a list guarded by
+ * calls_mu, and one of the waiting threads at a time holds the reader role:
+ * it reads the channel, keeps a reply to its own call, and hands every other
+ * reply to the waiter it belongs to (copy + condition variable).  When the
+ * reader's own reply arrives it gives the role up and wakes a sleeping
+ * waiter to take it over.  With one call outstanding (the usual case) the
+ * caller is the reader from the start and never sleeps on a condition
+ * variable: the cost over a plain blocking read is three uncontended mutex
+ * lock/unlock pairs and no extra system call.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,16 +55,35 @@ struct staccato_ctx {
 static const stc_config *cfg;
 static stc_chan chan;
 static uint32_t worker_id;
-static uint32_t call_seq;    /* low half of internal call ids; 0 is never used */
-static int stop_requested;   /* StopWorker arrived while a call was running */
+static int stop_requested;   /* StopWorker arrived while a call was running (atomic access) */
 static staccato_ctx the_ctx; /* the single context of this worker */
 
-/* Separate receive buffers: rx_dispatch holds the Dispatch being served
- * (its inline input is handed to the handler and must stay intact), rx_reply
- * receives the messages read while the handler waits in staccato_call. */
+/* rx_dispatch holds the Dispatch being served (its inline input is handed to
+ * the handler and must stay intact); replies to internal calls are read into
+ * the waiters' own buffers. */
 static _Alignas(64) uint8_t rx_dispatch[STC_MSG_LEN];
-static _Alignas(64) uint8_t rx_reply[STC_MSG_LEN];
+
+/* Sending: tx and the write of every message, whichever thread sends. */
+static pthread_mutex_t send_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Alignas(64) uint8_t tx[STC_MSG_LEN];
+
+/* One outstanding staccato_call.  Lives on the caller's stack. */
+typedef struct waiter {
+    struct waiter *next;
+    uint64_t call_id;
+    int done;       /* the reply was delivered into h and rx (w is off the list) */
+    int sleeping;   /* blocked on cond; only sleeping waiters are signalled */
+    int cond_ready; /* cond initialized (lazily: only a waiter that sleeps needs it) */
+    pthread_cond_t cond;
+    stc_header h; /* the reply, once delivered */
+    _Alignas(64) uint8_t rx[STC_MSG_LEN];
+} waiter;
+
+/* Receiving replies: guarded by calls_mu. */
+static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t call_seq; /* low half of internal call ids; 0 is never used */
+static waiter *waiters;   /* outstanding calls whose reply has not been delivered */
+static int reader_busy;   /* a waiter holds the reader role */
 
 static const uint8_t empty_input[1];
 
@@ -67,23 +100,37 @@ static _Noreturn void engine_gone(int err)
     exit(err == EPIPE ? 0 : 1);
 }
 
-static void send_tx(void)
+/* Encodes h with its inline bytes (inline_used(h) bytes of a, then of b)
+ * into tx and writes it, all under send_mu.  Returns 0, or -1 with errno
+ * set if the write failed.  Headers built here are valid by construction; an
+ * encoding failure is a bug in this file. */
+static int send_parts(const stc_header *h, const void *a, size_t a_len, const void *b)
 {
-    if (stc_chan_send(&chan, tx) < 0)
-        engine_gone(errno);
-}
-
-/* Encodes h with its inline bytes into tx and sends it.  Headers built here
- * are valid by construction; a failure is a bug in this file. */
-static void send_msg(const stc_header *h, const void *inline_bytes)
-{
-    stc_wire_status st = stc_encode(h, inline_bytes, tx);
+    pthread_mutex_lock(&send_mu);
+    stc_wire_status st = stc_encode_header(h, tx);
     if (st != STC_WIRE_OK) {
         stc_logf("worker %u: internal error encoding kind %u: %s", (unsigned)worker_id, h->kind,
                  stc_wire_strerror(st));
         abort();
     }
-    send_tx();
+    size_t used = stc_inline_used(h);
+    if (a_len > used)
+        a_len = used;
+    if (a_len > 0)
+        memcpy(tx + STC_HEADER_LEN, a, a_len);
+    if (used > a_len)
+        memcpy(tx + STC_HEADER_LEN + a_len, b, used - a_len);
+    int rc = stc_chan_send(&chan, tx);
+    int err = errno;
+    pthread_mutex_unlock(&send_mu);
+    errno = err;
+    return rc;
+}
+
+static void send_msg(const stc_header *h, const void *inline_bytes)
+{
+    if (send_parts(h, inline_bytes, stc_inline_used(h), NULL) < 0)
+        engine_gone(errno);
 }
 
 static void send_failuref(uint64_t call_id, uint16_t error_kind, const char *fmt, ...)
@@ -108,10 +155,9 @@ static void send_result(uint64_t call_id, uint16_t error_kind, const void *data,
         }
         h.flags = STC_FLAG_SHM;
     }
-    stc_wire_status st = stc_encode(&h, data, tx);
-    if (st == STC_WIRE_OK && stc_chan_send(&chan, tx) == 0)
+    if (send_parts(&h, data, stc_inline_used(&h), NULL) == 0)
         return;
-    int err = st == STC_WIRE_OK ? errno : EINVAL;
+    int err = errno;
     if (h.flags & STC_FLAG_SHM)
         stc_shm_unlink(cfg->shm_dir, call_id, STC_SHM_OUTPUT);
     engine_gone(err);
@@ -147,7 +193,7 @@ static void handle_stray(const stc_header *h, int busy)
         send_failuref(h->call_id, STACCATO_ERR_INTERNAL, "worker %u is busy", (unsigned)worker_id);
         break;
     case STC_STOP_WORKER:
-        stop_requested = 1; /* finish the running call first */
+        __atomic_store_n(&stop_requested, 1, __ATOMIC_RELAXED); /* finish the running call first */
         break;
     case STC_COMPLETION:
     case STC_FAILURE:
@@ -280,7 +326,7 @@ _Noreturn void stc_worker_main(const stc_config *c, uint32_t id)
             exit(0);
         else
             handle_stray(&h, 0);
-        if (stop_requested)
+        if (__atomic_load_n(&stop_requested, __ATOMIC_RELAXED))
             exit(0);
     }
 }
@@ -443,6 +489,7 @@ static int check_call(const staccato_ctx *ctx, const char *function, const void 
     return 0;
 }
 
+/* Caller holds calls_mu. */
 static uint64_t next_call_id(void)
 {
     if (++call_seq == 0) /* after 2^32 calls: skip 0 so ids never collide with "none" */
@@ -473,12 +520,8 @@ static int send_invoke(const staccato_ctx *ctx, uint64_t call_id, const char *na
         h.flags = STC_FLAG_SHM;
         h.payload_len = (uint32_t)input_len;
     }
-    if (stc_encode_header(&h, tx) != STC_WIRE_OK)
-        abort(); /* check_call guarantees a valid header */
-    memcpy(tx + STC_HEADER_LEN, name, name_len);
-    if (inline_input && input_len > 0)
-        memcpy(tx + STC_HEADER_LEN + name_len, input, input_len);
-    if (stc_chan_send(&chan, tx) < 0) {
+    /* check_call guarantees a valid header. */
+    if (send_parts(&h, name, name_len, input) < 0) {
         int err = errno;
         if (!inline_input)
             stc_shm_unlink(cfg->shm_dir, call_id, STC_SHM_INPUT);
@@ -487,9 +530,10 @@ static int send_invoke(const staccato_ctx *ctx, uint64_t call_id, const char *na
     return 0;
 }
 
-/* Moves the result carried by h (Completion/Failure) into *out. */
-static int take_result(const stc_header *h, staccato_result *out)
+/* Moves the result carried by w (its Completion/Failure) into *out. */
+static int take_result(const waiter *w, staccato_result *out)
 {
+    const stc_header *h = &w->h;
     int kind = h->kind == STC_COMPLETION ? STACCATO_OK : h->error_kind;
     size_t len = h->payload_len;
     if (h->flags & STC_FLAG_SHM) {
@@ -500,7 +544,7 @@ static int take_result(const stc_header *h, staccato_result *out)
         out->data = malloc(len + 1);
         if (out->data == NULL)
             return local_error(out, STACCATO_ERR_OUT_OF_MEMORY, "no memory for a %zu-byte result", len);
-        memcpy(out->data, rx_reply + STC_HEADER_LEN, len);
+        memcpy(out->data, w->rx + STC_HEADER_LEN, len);
         out->data[len] = 0;
     }
     out->len = len;
@@ -508,15 +552,110 @@ static int take_result(const stc_header *h, staccato_result *out)
     return kind;
 }
 
-/* Reads messages until the result of call_id arrives. */
-static int await_result(uint64_t call_id, staccato_result *out)
+/* ---- demultiplexing replies (all with calls_mu held) -------------------- */
+
+static void unlink_waiter(waiter *w)
+{
+    for (waiter **p = &waiters; *p != NULL; p = &(*p)->next) {
+        if (*p == w) {
+            *p = w->next;
+            return;
+        }
+    }
+}
+
+/* The reader role is free: wake a sleeping waiter to take it.  Waiters that
+ * are not asleep look at reader_busy before they sleep, so they need no
+ * wake-up. */
+static void hand_over_reader(void)
+{
+    reader_busy = 0;
+    for (waiter *o = waiters; o != NULL; o = o->next) {
+        if (o->sleeping) {
+            pthread_cond_signal(&o->cond);
+            return;
+        }
+    }
+}
+
+/* Delivers a reply read by the reader (into buf, decoded as h) to the
+ * waiter of its call id and removes that waiter from the list.  Returns 0
+ * if nobody waits for it. */
+static int deliver(const stc_header *h, const uint8_t *buf)
+{
+    for (waiter **p = &waiters; *p != NULL; p = &(*p)->next) {
+        waiter *o = *p;
+        if (o->call_id == h->call_id) {
+            *p = o->next;
+            o->done = 1;
+            o->h = *h;
+            memcpy(o->rx, buf, STC_MSG_LEN);
+            if (o->sleeping)
+                pthread_cond_signal(&o->cond);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Registers w for a new call and returns its call id; *reader tells whether
+ * the caller took the free reader role. */
+static uint64_t register_call(waiter *w, int *reader)
+{
+    pthread_mutex_lock(&calls_mu);
+    w->call_id = next_call_id();
+    w->next = waiters;
+    waiters = w;
+    *reader = !reader_busy;
+    reader_busy = 1;
+    pthread_mutex_unlock(&calls_mu);
+    return w->call_id;
+}
+
+/* Waits until the reply of w's call is in w->h / w->rx, reading the channel
+ * whenever this thread holds the reader role.  w is off the list on return. */
+static void await_result(waiter *w, int reader)
 {
     for (;;) {
-        stc_header h;
-        recv_msg(rx_reply, &h);
-        if ((h.kind == STC_COMPLETION || h.kind == STC_FAILURE) && h.call_id == call_id)
-            return take_result(&h, out);
-        handle_stray(&h, 1);
+        if (reader) {
+            recv_msg(w->rx, &w->h);
+            const stc_header *h = &w->h;
+            if (h->kind == STC_COMPLETION || h->kind == STC_FAILURE) {
+                pthread_mutex_lock(&calls_mu);
+                if (h->call_id == w->call_id) {
+                    /* Ours: the usual case.  Pass the role on and return. */
+                    unlink_waiter(w);
+                    hand_over_reader();
+                    pthread_mutex_unlock(&calls_mu);
+                    return;
+                }
+                int delivered = deliver(h, w->rx);
+                pthread_mutex_unlock(&calls_mu);
+                if (delivered)
+                    continue;
+            }
+            handle_stray(h, 1);
+            continue;
+        }
+        /* Another thread reads: sleep until it delivers our reply or gives
+         * the role up. */
+        pthread_mutex_lock(&calls_mu);
+        while (!w->done && reader_busy) {
+            if (!w->cond_ready) {
+                pthread_cond_init(&w->cond, NULL);
+                w->cond_ready = 1;
+            }
+            w->sleeping = 1;
+            pthread_cond_wait(&w->cond, &calls_mu);
+            w->sleeping = 0;
+        }
+        if (w->done) {
+            pthread_mutex_unlock(&calls_mu);
+            return;
+        }
+        reader_busy = 1;
+        reader = 1;
+        pthread_mutex_unlock(&calls_mu);
     }
 }
 
@@ -529,12 +668,24 @@ int staccato_call(staccato_ctx *ctx, const char *function, const void *input, si
     size_t name_len = 0;
     int kind = check_call(ctx, function, input, input_len, res, &name_len);
     if (kind == 0) {
-        uint64_t call_id = next_call_id();
-        if (send_invoke(ctx, call_id, function, name_len, input, input_len) < 0)
+        waiter w;
+        w.done = w.sleeping = w.cond_ready = 0;
+        int reader;
+        uint64_t call_id = register_call(&w, &reader);
+        if (send_invoke(ctx, call_id, function, name_len, input, input_len) < 0) {
             kind = local_error(res, STACCATO_ERR_INTERNAL, "cannot write %zu-byte input file: %s", input_len,
                                strerror(errno));
-        else
-            kind = await_result(call_id, res);
+            pthread_mutex_lock(&calls_mu);
+            unlink_waiter(&w);
+            if (reader)
+                hand_over_reader();
+            pthread_mutex_unlock(&calls_mu);
+        } else {
+            await_result(&w, reader);
+            kind = take_result(&w, res);
+        }
+        if (w.cond_ready)
+            pthread_cond_destroy(&w.cond);
     }
     if (res == &discard)
         staccato_result_free(&discard);

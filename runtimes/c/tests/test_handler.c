@@ -11,10 +11,14 @@
  *   !call:NAME:INPUT     staccato_call(NAME, INPUT); output "kind=K;" + result data
  *   !callbig:NAME:N      same with an N-byte input 'a'..'z' repeating
  *   !call2:NAME          two calls to NAME with empty input; output "kind=K1,K2"
+ *   !fanout:N:R:NAME     N pthreads at once, thread i making R calls in a row to
+ *                        NAME with input "i.r"; output one line per call, in
+ *                        thread then call order: "i.r kind=K;" + result data
  *   !bench:N:NAME        N calls to NAME with empty input, timed one by one;
  *                        output "calls=N p50_ns=.. p90_ns=.. p99_ns=.. max_ns=.." (bench_engine.c)
  *   anything else        echo the input
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +86,77 @@ static int do_call(staccato_ctx *ctx, char *args, int big)
     staccato_result_free(&r);
     if (big)
         free(input);
+    return rc;
+}
+
+/* !fanout: one thread's share. */
+typedef struct fan_thread {
+    staccato_ctx *ctx;
+    const char *name;
+    int index, rounds;
+    char *out; /* its lines, malloc'd */
+    size_t out_len;
+} fan_thread;
+
+static void *fan_run(void *arg)
+{
+    fan_thread *t = arg;
+    for (int r = 0; r < t->rounds; r++) {
+        char input[32];
+        int n = snprintf(input, sizeof input, "%d.%d", t->index, r);
+        staccato_result res;
+        int kind = staccato_call(t->ctx, t->name, input, (size_t)n, &res);
+        char *grown = realloc(t->out, t->out_len + (size_t)n + res.len + 32);
+        if (grown == NULL) {
+            staccato_result_free(&res);
+            break;
+        }
+        t->out = grown;
+        t->out_len += (size_t)sprintf(t->out + t->out_len, "%s kind=%d;", input, kind);
+        if (res.len > 0)
+            memcpy(t->out + t->out_len, res.data, res.len);
+        t->out_len += res.len;
+        t->out[t->out_len++] = '\n';
+        staccato_result_free(&res);
+    }
+    return NULL;
+}
+
+/* !fanout:N:R:NAME */
+static int do_fanout(staccato_ctx *ctx, char *args)
+{
+    int n = 0, rounds = 0, used = 0;
+    if (sscanf(args, "%d:%d:%n", &n, &rounds, &used) != 2 || used == 0 || n < 1 || n > 256 || rounds < 1)
+        return staccato_set_error(ctx, "usage: !fanout:N:R:NAME"), 1;
+    fan_thread *ts = calloc((size_t)n, sizeof *ts);
+    pthread_t *ids = calloc((size_t)n, sizeof *ids);
+    if (ts == NULL || ids == NULL)
+        return 1;
+    int started = 0;
+    for (; started < n; started++) {
+        ts[started] = (fan_thread){.ctx = ctx, .name = args + used, .index = started, .rounds = rounds};
+        if (pthread_create(&ids[started], NULL, fan_run, &ts[started]) != 0)
+            break;
+    }
+    size_t total = 0;
+    for (int i = 0; i < started; i++) {
+        pthread_join(ids[i], NULL);
+        total += ts[i].out_len;
+    }
+    char *out = malloc(total + 1);
+    size_t len = 0;
+    for (int i = 0; i < started; i++) {
+        if (out != NULL && ts[i].out_len > 0)
+            memcpy(out + len, ts[i].out, ts[i].out_len);
+        len += ts[i].out_len;
+        free(ts[i].out);
+    }
+    int rc = started < n ? (staccato_set_error(ctx, "started only %d threads", started), 1)
+             : out == NULL ? 1
+                           : staccato_set_output(ctx, out, len);
+    free(out);
+    free(ts);
+    free(ids);
     return rc;
 }
 
@@ -166,6 +241,8 @@ static int dispatch(staccato_ctx *ctx, const uint8_t *input, size_t len, char *a
         int n = snprintf(buf, sizeof buf, "kind=%d,%d", k1, k2);
         return staccato_set_output(ctx, buf, (size_t)n);
     }
+    if (has_prefix(input, len, "!fanout:"))
+        return do_fanout(ctx, arg + 7);
     if (has_prefix(input, len, "!bench:"))
         return do_bench(ctx, arg + 6);
     return staccato_set_output(ctx, input, len);

@@ -10,6 +10,7 @@ Makefile's build directory:
 Every wait has a timeout, so a broken host fails a test instead of hanging it.
 """
 import os
+import random
 import re
 import resource
 import select
@@ -463,6 +464,108 @@ def test_internal_call_after_deadline_times_out_locally(worker):
     _, ch, _ = worker
     res = call(ch, b"!call:echo:x", deadline_us=1)  # long past
     assert (res.kind, res.inline[:7]) == (COMPLETION, b"kind=5;")
+
+
+# ---- concurrent internal calls ---------------------------------------------------
+
+def result_payload(engine, res):
+    """The payload of a Completion/Failure from the worker, inline or from its shm file."""
+    if not res.flags & SHM:
+        return res.inline
+    path = shm_file(engine.ipc, res.call_id, "o")
+    data = path.read_bytes()
+    path.unlink()
+    assert len(data) == res.payload_len
+    return data
+
+
+def test_concurrent_calls_from_16_threads_answered_out_of_order(worker):
+    engine, ch, _ = worker
+    deadline = time.time_ns() // 1000 + 10_000_000
+    ch.send(DISPATCH, b"!fanout:16:1:echo", call_id=GW | 30, deadline_us=deadline)
+    # No reply goes out before all 16 Invokes are in: the 16 threads must
+    # all be inside staccato_call at once.
+    invokes = [ch.recv() for _ in range(16)]
+    for inv in invokes:
+        assert (inv.kind, inv.flags, inv.worker_id, inv.name_len) == (INVOKE, 0, 1, 4), inv
+        assert (inv.parent_call_id, inv.deadline_us) == (GW | 30, deadline)
+        assert inv.inline[:4] == b"echo"
+    assert sorted(inv.call_id for inv in invokes) == [(1 << 32) | seq for seq in range(1, 17)], \
+        "seq numbers must stay unique (1..16) under concurrency"
+    by_input = {inv.inline[4:].decode(): inv for inv in invokes}
+    assert sorted(by_input) == sorted(f"{i}.0" for i in range(16))
+
+    big = pattern(2000)
+    order = list(by_input.items())
+    random.Random(30).shuffle(order)
+    expected = {}
+    for n, (inp, inv) in enumerate(order):
+        i = int(inp.split(".")[0])
+        if n == 8:  # a result nobody waits for, in the middle: dropped
+            ch.send(COMPLETION, b"stale", call_id=(1 << 32) | 999)
+        if i % 4 == 1:
+            ch.send(FAILURE, b"no function %d" % i, call_id=inv.call_id, error_kind=1)
+            expected[i] = b"kind=1;no function %d" % i
+        elif i == 6:  # through shm
+            shm_file(engine.ipc, inv.call_id, "o").write_bytes(big)
+            ch.send(COMPLETION, flags=SHM, payload_len=len(big), call_id=inv.call_id)
+            expected[i] = b"kind=0;" + big
+        else:
+            ch.send(COMPLETION, b"out " + inp.encode(), call_id=inv.call_id)
+            expected[i] = b"kind=0;out " + inp.encode()
+    res = ch.recv()
+    assert (res.kind, res.call_id) == (COMPLETION, GW | 30), res
+    want = b"".join(b"%d.0 " % i + expected[i] + b"\n" for i in range(16))
+    assert result_payload(engine, res) == want
+    assert not shm_file(engine.ipc, by_input["6.0"].call_id, "o").exists()
+
+    # The channel is back to one caller: seq carries on, the reader role is free.
+    ch.send(DISPATCH, b"!call2:nop", call_id=GW | 31)
+    for seq in (17, 18):
+        inv = ch.recv()
+        assert (inv.kind, inv.call_id) == (INVOKE, (1 << 32) | seq)
+        ch.send(COMPLETION, call_id=inv.call_id)
+    assert ch.recv().inline == b"kind=0,0"
+    assert "dropping result for unknown call 00000001000003e7" in engine.stderr()
+
+
+@pytest.mark.parametrize("spin_us", [0, 200])
+def test_concurrent_calls_stress(tmp_path, spin_us):
+    """16 threads × 20 calls each, answered in random batches as they come:
+    the reader role changes hands hundreds of times."""
+    threads, rounds = 16, 20
+    eng = Engine(tmp_path, spin_us=spin_us)
+    try:
+        eng.handshake()
+        ch, _ = eng.create_worker(1)
+        rng = random.Random(spin_us)
+        ch.send(DISPATCH, b"!fanout:%d:%d:echo" % (threads, rounds), call_id=GW | 40)
+        pending, seen, res = [], set(), None
+        while res is None:
+            try:
+                msg = ch.recv(timeout=0.005 if pending else TIMEOUT)
+            except TimeoutError:
+                msg = None
+            if msg is not None:
+                if msg.kind == INVOKE:
+                    assert msg.call_id not in seen, "duplicate call id"
+                    seen.add(msg.call_id)
+                    pending.append(msg)
+                else:
+                    res = msg
+            if pending and (msg is None or rng.random() < 0.3):
+                rng.shuffle(pending)
+                k = rng.randint(1, len(pending))
+                for inv in pending[:k]:
+                    ch.send(COMPLETION, b"r" + inv.inline[4:], call_id=inv.call_id)
+                del pending[:k]
+        assert (res.kind, res.call_id) == (COMPLETION, GW | 40), res
+        assert not pending
+        assert seen == {(1 << 32) | seq for seq in range(1, threads * rounds + 1)}
+        want = b"".join(b"%d.%d kind=0;r%d.%d\n" % (i, r, i, r) for i in range(threads) for r in range(rounds))
+        assert result_payload(eng, res) == want
+    finally:
+        eng.close()
 
 
 # ---- lifecycle -----------------------------------------------------------------
