@@ -42,6 +42,9 @@ pub struct MicroArgs {
     /// Extra argument for `staccato up` (repeatable), e.g. --up-arg=--worker-spin-us=20.
     #[arg(long = "up-arg", allow_hyphen_values = true)]
     up_args: Vec<String>,
+    /// Languages to measure.
+    #[arg(long, value_delimiter = ',', default_value = "c,cpp,go,node,python")]
+    langs: Vec<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -130,6 +133,10 @@ fn micro(a: MicroArgs) -> Result<()> {
     Ok(())
 }
 
+/// Languages measured, in table order; each has `bench/functions/<lang>/`
+/// with `bench-nop-<lang>` and a self-timing `bench-caller-<lang>`.
+const LANGS: [(&str, &str); 5] = [("c", "C"), ("cpp", "C++"), ("go", "Go"), ("node", "Node.js"), ("python", "Python")];
+
 fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
     eprintln!("[{mode}] starting staccato up");
     if !a.no_floors {
@@ -138,18 +145,20 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
     }
     let server = Server::start(&a.up_args)?;
     let mut c = Client::new(&server.url, None)?;
-    deploy_bench_functions(&mut c)?;
-    eprintln!("  internal nop call, C");
-    rows.push(Row::latency("internal nop call, C", mode, internal(&mut c, "bench-caller-c", "bench-nop-c", a.calls)?));
-    eprintln!("  internal nop call, Python");
-    rows.push(Row::latency(
-        "internal nop call, Python",
-        mode,
-        internal(&mut c, "bench-caller-py", "bench-nop-py", a.calls)?,
-    ));
-    eprintln!("  external nop call, one keep-alive connection");
-    rows.push(Row::latency("external nop call (C)", mode, external(&mut c, "bench-nop-c", a.calls)?));
-    eprintln!("  external throughput, {} connections, {:.0} s", a.connections, a.duration_s);
+    for (lang, label) in LANGS.iter().filter(|(l, _)| a.langs.iter().any(|x| x == l)) {
+        eprintln!("  {label}: deploying");
+        if let Err(e) = deploy_bench_functions(&mut c, lang) {
+            eprintln!("  {label}: skipped: {e:#}");
+            continue;
+        }
+        let (nop, caller) = (format!("bench-nop-{lang}"), format!("bench-caller-{lang}"));
+        eprintln!("  {label}: internal nop calls");
+        rows.push(Row::latency(&format!("internal nop call, {label}"), mode, internal(&mut c, &caller, &nop, a.calls)?));
+        eprintln!("  {label}: external nop calls, one keep-alive connection");
+        rows.push(Row::latency(&format!("external nop call, {label}"), mode, external(&mut c, &nop, a.calls)?));
+        rows.push(Row::latency(&format!("worker ready, {label}"), mode, worker_ready(&mut c, &nop)?));
+    }
+    eprintln!("  external throughput (C nop), {} connections, {:.0} s", a.connections, a.duration_s);
     let rate = throughput(server.addr, "bench-nop-c", a.connections, Duration::from_secs_f64(a.duration_s))?;
     rows.push(Row {
         name: format!("external throughput, {} conns", a.connections),
@@ -158,6 +167,22 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
         rate: Some(rate),
     });
     Ok(())
+}
+
+/// Worker start-up times the engine recorded for `name` (asked for →
+/// hello), from its status: the bench functions keep 8 workers warm, so
+/// deploying them started 8.
+fn worker_ready(c: &mut Client, name: &str) -> Result<Vec<u64>> {
+    let r = c.request("GET", &format!("/system/functions/{name}"), b"")?;
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    let samples = v["status"]["scheduler"]["worker_ready_us"]
+        .as_array()
+        .ok_or_else(|| anyhow!("{name}: no worker_ready_us in status"))?
+        .iter()
+        .filter_map(|x| x.as_u64())
+        .map(|us| us * 1000)
+        .collect();
+    Ok(samples)
 }
 
 fn print_table(rows: &[Row]) {
@@ -381,7 +406,7 @@ impl Drop for Server {
     }
 }
 
-fn bench_dir() -> Result<PathBuf> {
+fn bench_dir(lang: &str) -> Result<PathBuf> {
     let mut candidates = vec![PathBuf::from("bench/functions")];
     if let Ok(exe) = std::env::current_exe() {
         for anc in exe.ancestors().skip(1).take(4) {
@@ -390,12 +415,13 @@ fn bench_dir() -> Result<PathBuf> {
     }
     candidates
         .into_iter()
+        .map(|p| p.join(lang))
         .find(|p| p.join("staccato.yml").is_file())
-        .ok_or_else(|| anyhow!("cannot find bench/functions"))
+        .ok_or_else(|| anyhow!("cannot find bench/functions/{lang}"))
 }
 
-fn deploy_bench_functions(c: &mut Client) -> Result<()> {
-    let dir = bench_dir()?;
+fn deploy_bench_functions(c: &mut Client, lang: &str) -> Result<()> {
+    let dir = bench_dir(lang)?;
     let text = std::fs::read_to_string(dir.join("staccato.yml"))?;
     let specs = gateway::manifest::parse(&text, &dir).map_err(|e| anyhow!("bench manifest: {e}"))?;
     let r = c.request("POST", "/system/functions", &serde_json::to_vec(&json!({"functions": specs}))?)?;
