@@ -153,10 +153,14 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
         }
         let (nop, caller) = (format!("bench-nop-{lang}"), format!("bench-caller-{lang}"));
         eprintln!("  {label}: internal nop calls");
-        rows.push(Row::latency(&format!("internal nop call, {label}"), mode, internal(&mut c, &caller, &nop, a.calls)?));
+        rows.push(Row::latency(
+            &format!("internal nop call, {label}"),
+            mode,
+            internal(&mut c, &caller, &nop, a.calls)?,
+        ));
         eprintln!("  {label}: external nop calls, one keep-alive connection");
         rows.push(Row::latency(&format!("external nop call, {label}"), mode, external(&mut c, &nop, a.calls)?));
-        rows.push(Row::latency(&format!("worker ready, {label}"), mode, worker_ready(&mut c, &nop)?));
+        rows.push(Row::latency(&format!("worker ready, {label}"), mode, worker_ready(&mut c, lang, &nop)?));
     }
     eprintln!("  external throughput (C nop), {} connections, {:.0} s", a.connections, a.duration_s);
     let rate = throughput(server.addr, "bench-nop-c", a.connections, Duration::from_secs_f64(a.duration_s))?;
@@ -169,21 +173,38 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
     Ok(())
 }
 
-/// Worker start-up times the engine recorded for `name` (asked for →
-/// hello), from its status: the bench functions keep 8 workers warm, so
-/// deploying them started 8.
-fn worker_ready(c: &mut Client, name: &str) -> Result<Vec<u64>> {
-    let r = c.request("GET", &format!("/system/functions/{name}"), b"")?;
-    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
-    let samples = v["status"]["scheduler"]["worker_ready_us"]
-        .as_array()
-        .ok_or_else(|| anyhow!("{name}: no worker_ready_us in status"))?
-        .iter()
-        .filter_map(|x| x.as_u64())
-        .map(|us| us * 1000)
-        .collect();
-    Ok(samples)
+/// Worker start-up times (launcher asked → worker ready to serve), as the
+/// engine records them. Each redeploy of the nop function (`min_workers:
+/// 1`) starts a fresh launcher that is asked for exactly one worker: one
+/// sample per redeploy, never a batch.
+fn worker_ready(c: &mut Client, lang: &str, name: &str) -> Result<Vec<u64>> {
+    let specs = bench_specs(lang)?;
+    let spec = specs.iter().find(|s| s.name == name).ok_or_else(|| anyhow!("{name} is not in the manifest"))?;
+    let mut out = Vec::new();
+    for _ in 0..WORKER_READY_SAMPLES {
+        let r = c.request("POST", "/system/functions", &serde_json::to_vec(&json!({"functions": [spec]}))?)?;
+        if r.status != 200 {
+            bail!("redeploying {name}: {}", String::from_utf8_lossy(&r.body));
+        }
+        // The launcher is ready when the deploy returns; its worker follows.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let r = c.request("GET", &format!("/system/functions/{name}"), b"")?;
+            let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+            if let Some(us) = v["status"]["scheduler"]["worker_ready_us"].as_array().and_then(|a| a.first()?.as_u64()) {
+                out.push(us * 1000);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{name}: no worker became ready");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(out)
 }
+
+const WORKER_READY_SAMPLES: usize = 5;
 
 fn print_table(rows: &[Row]) {
     println!("{:<36} {:<13} {:>9} {:>9} {:>9} {:>8}", "measurement", "placement", "p50 µs", "p99 µs", "p99.9 µs", "n");
@@ -420,10 +441,14 @@ fn bench_dir(lang: &str) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("cannot find bench/functions/{lang}"))
 }
 
-fn deploy_bench_functions(c: &mut Client, lang: &str) -> Result<()> {
+fn bench_specs(lang: &str) -> Result<Vec<engine::spec::FunctionSpec>> {
     let dir = bench_dir(lang)?;
     let text = std::fs::read_to_string(dir.join("staccato.yml"))?;
-    let specs = gateway::manifest::parse(&text, &dir).map_err(|e| anyhow!("bench manifest: {e}"))?;
+    gateway::manifest::parse(&text, &dir).map_err(|e| anyhow!("bench manifest: {e}"))
+}
+
+fn deploy_bench_functions(c: &mut Client, lang: &str) -> Result<()> {
+    let specs = bench_specs(lang)?;
     let r = c.request("POST", "/system/functions", &serde_json::to_vec(&json!({"functions": specs}))?)?;
     if r.status != 200 {
         bail!("deploying bench functions: {}", String::from_utf8_lossy(&r.body));

@@ -276,7 +276,10 @@ impl log::Log for StderrLogger {
     fn log(&self, r: &log::Record) {
         if self.enabled(r.metadata()) {
             let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            eprintln!("{}.{:03} {:<5} {}", t.as_secs(), t.subsec_millis(), r.level(), r.args());
+            // One write per line: stderr is unbuffered, and eprintln! of a
+            // formatted line becomes a write per piece (engine threads log).
+            let line = format!("{}.{:03} {:<5} {}\n", t.as_secs(), t.subsec_millis(), r.level(), r.args());
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
     }
     fn flush(&self) {}
