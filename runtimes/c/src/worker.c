@@ -3,13 +3,15 @@
  * implements the public staccato_* API used by the handler.
  *
  * A worker runs one invocation at a time, so most state is static: one
- * context, one send buffer, one receive buffer for the Dispatch.  The inline
- * hot path (Dispatch in, Completion out, Invoke/Completion for internal
- * calls) does no allocation; the output and error buffers grow only when a
- * handler needs more than they hold.
+ * context and the receive buffer of the Dispatch; messages are encoded in
+ * buffers of the sending thread.  The inline hot path (Dispatch in,
+ * Completion out, Invoke/Completion for internal calls) does no allocation;
+ * the output and error buffers grow only when a handler needs more than
+ * they hold.
  *
  * Internal calls may be made from several threads of one invocation at once
- * (fan-out).  Every message is written whole under send_mu.  Replies are
+ * (fan-out).  Sending needs no lock of ours: every message is one 1024-byte
+ * write(2), which the pipe performs atomically (<= PIPE_BUF).  Replies are
  * demultiplexed by call id without a thread of our own: each outstanding
  * staccato_call has a waiter (on its caller's stack) in a list guarded by
  * calls_mu, and one of the waiting threads at a time holds the reader role:
@@ -18,8 +20,8 @@
  * reader's own reply arrives it gives the role up and wakes a sleeping
  * waiter to take it over.  With one call outstanding (the usual case) the
  * caller is the reader from the start and never sleeps on a condition
- * variable: the cost over a plain blocking read is three uncontended mutex
- * lock/unlock pairs and no extra system call.
+ * variable: the cost over the single-threaded code is two uncontended lock/
+ * unlock pairs of calls_mu per call and no extra system call.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -63,10 +65,6 @@ static staccato_ctx the_ctx; /* the single context of this worker */
  * the waiters' own buffers. */
 static _Alignas(64) uint8_t rx_dispatch[STC_MSG_LEN];
 
-/* Sending: tx and the write of every message, whichever thread sends. */
-static pthread_mutex_t send_mu = PTHREAD_MUTEX_INITIALIZER;
-static _Alignas(64) uint8_t tx[STC_MSG_LEN];
-
 /* One outstanding staccato_call.  Lives on the caller's stack. */
 typedef struct waiter {
     struct waiter *next;
@@ -101,13 +99,17 @@ static _Noreturn void engine_gone(int err)
 }
 
 /* Encodes h with its inline bytes (inline_used(h) bytes of a, then of b)
- * into tx and writes it, all under send_mu.  Returns 0, or -1 with errno
- * set if the write failed.  Headers built here are valid by construction; an
- * encoding failure is a bug in this file. */
-static int send_parts(const stc_header *h, const void *a, size_t a_len, const void *b)
+ * into msg, a buffer of the sending thread, and writes it.  Returns 0, or -1
+ * with errno set if the write failed.  Headers built here are valid by
+ * construction; an encoding failure is a bug in this file.
+ *
+ * Any thread may send.  A message goes out in one write(2) of 1024 bytes,
+ * which a pipe performs atomically (<= PIPE_BUF, docs/protocol.md): the
+ * kernel's pipe lock serializes whole messages, so no lock of ours is needed
+ * as long as each sender encodes into a buffer of its own. */
+static int send_parts(uint8_t msg[STC_MSG_LEN], const stc_header *h, const void *a, size_t a_len, const void *b)
 {
-    pthread_mutex_lock(&send_mu);
-    stc_wire_status st = stc_encode_header(h, tx);
+    stc_wire_status st = stc_encode_header(h, msg);
     if (st != STC_WIRE_OK) {
         stc_logf("worker %u: internal error encoding kind %u: %s", (unsigned)worker_id, h->kind,
                  stc_wire_strerror(st));
@@ -117,19 +119,16 @@ static int send_parts(const stc_header *h, const void *a, size_t a_len, const vo
     if (a_len > used)
         a_len = used;
     if (a_len > 0)
-        memcpy(tx + STC_HEADER_LEN, a, a_len);
+        memcpy(msg + STC_HEADER_LEN, a, a_len);
     if (used > a_len)
-        memcpy(tx + STC_HEADER_LEN + a_len, b, used - a_len);
-    int rc = stc_chan_send(&chan, tx);
-    int err = errno;
-    pthread_mutex_unlock(&send_mu);
-    errno = err;
-    return rc;
+        memcpy(msg + STC_HEADER_LEN + a_len, b, used - a_len);
+    return stc_chan_send(&chan, msg);
 }
 
 static void send_msg(const stc_header *h, const void *inline_bytes)
 {
-    if (send_parts(h, inline_bytes, stc_inline_used(h), NULL) < 0)
+    _Alignas(64) uint8_t msg[STC_MSG_LEN];
+    if (send_parts(msg, h, inline_bytes, stc_inline_used(h), NULL) < 0)
         engine_gone(errno);
 }
 
@@ -155,7 +154,8 @@ static void send_result(uint64_t call_id, uint16_t error_kind, const void *data,
         }
         h.flags = STC_FLAG_SHM;
     }
-    if (send_parts(&h, data, stc_inline_used(&h), NULL) == 0)
+    _Alignas(64) uint8_t msg[STC_MSG_LEN];
+    if (send_parts(msg, &h, data, stc_inline_used(&h), NULL) == 0)
         return;
     int err = errno;
     if (h.flags & STC_FLAG_SHM)
@@ -499,7 +499,8 @@ static uint64_t next_call_id(void)
 
 /* Sends the Invoke: name and input inline if both fit, else the name inline
  * and the input in the shm input file.  Returns 0 or -1 (errno set) if the
- * input file cannot be written. */
+ * input file cannot be written.  (Not encoded in the waiter's rx: the reader
+ * may copy the reply there as soon as the engine has read the Invoke.) */
 static int send_invoke(const staccato_ctx *ctx, uint64_t call_id, const char *name, size_t name_len,
                        const void *input, size_t input_len)
 {
@@ -521,7 +522,8 @@ static int send_invoke(const staccato_ctx *ctx, uint64_t call_id, const char *na
         h.payload_len = (uint32_t)input_len;
     }
     /* check_call guarantees a valid header. */
-    if (send_parts(&h, name, name_len, input) < 0) {
+    _Alignas(64) uint8_t msg[STC_MSG_LEN];
+    if (send_parts(msg, &h, name, name_len, input) < 0) {
         int err = errno;
         if (!inline_input)
             stc_shm_unlink(cfg->shm_dir, call_id, STC_SHM_INPUT);

@@ -1,0 +1,10 @@
+/* conf-c-nop: empty output, whatever the input. */
+#include <staccato.h>
+
+int staccato_handle(staccato_ctx *ctx, const uint8_t *input, size_t input_len)
+{
+    (void)ctx;
+    (void)input;
+    (void)input_len;
+    return 0;
+}
