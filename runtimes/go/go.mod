@@ -1,0 +1,3 @@
+module staccato.local/go
+
+go 1.22
