@@ -1,4 +1,7 @@
 # One entry point for routine tasks; CI runs `make test` (see .ci/run).
+# Toolchains installed outside the default PATH on Debian images.
+export PATH := $(PATH):/usr/local/go/bin:$(HOME)/.cargo/bin
+
 .PHONY: setup build demo test test-unit test-runtimes test-integration bench lint fmt clean
 
 setup:
@@ -10,12 +13,17 @@ build: setup
 demo: setup
 	@scripts/demo.sh
 
-## Every test: Rust unit and vector tests, both runtimes' suites, integration tests.
+## Every test: Rust unit and vector tests, each runtime's own suite, integration
+## tests, and the shared conformance suite for all five languages.
 test: setup
 	cargo test --release --workspace
 	$(MAKE) -s -C runtimes/c test
+	$(MAKE) -s -C runtimes/cpp test
 	python3 -m pytest -q runtimes/python/tests
+	node --test runtimes/node/test/
+	cd runtimes/go && go test ./...
 	python3 -m pytest -q tests
+	python3 -m pytest -q conformance
 
 test-integration: setup
 	python3 -m pytest -q tests

@@ -22,6 +22,11 @@ echo
 echo "==> curl -d Staccato $STACCATO_GATEWAY/function/greet   (Python -> Python -> C, internal calls)"
 curl -s -i -d Staccato "$STACCATO_GATEWAY/function/greet" | grep -iE '^(HTTP|x-call-id|x-staccato-timing)|^[A-Z]' || true
 echo
+echo "==> staccato deploy examples/polyglot   (Python, Go, Node.js, C++)"
+$B deploy examples/polyglot
+echo "==> staccato invoke poly-python --data x   (Python -> Go -> Node.js -> C++ and back)"
+$B invoke poly-python --data x -v
+echo
 echo "==> an error: curl -d x $STACCATO_GATEWAY/function/nope"
 curl -s -w '  (HTTP %{http_code})\n' -d x "$STACCATO_GATEWAY/function/nope"
 echo

@@ -8,6 +8,7 @@ need_apt=()
 dpkg -s libcjson-dev >/dev/null 2>&1 || need_apt+=(libcjson-dev)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> apt-get install ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
@@ -20,6 +21,9 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "error: Rust (cargo) is required: https://rustup.rs" >&2; exit 1; fi
 fi
 python3 -c 'import sys; assert sys.version_info >= (3, 9)' || { echo "error: Python >= 3.9 is required" >&2; exit 1; }
+[ -x /usr/local/go/bin/go ] && export PATH="$PATH:/usr/local/go/bin"
+command -v go >/dev/null 2>&1 || { echo "error: Go >= 1.22 is required for Go functions (https://go.dev/dl)" >&2; exit 1; }
+command -v node >/dev/null 2>&1 || { echo "error: Node.js >= 18 is required for Node.js functions" >&2; exit 1; }
 python3 -m pytest --version >/dev/null 2>&1 || { echo "==> pip install pytest"; python3 -m pip install -q pytest; }
 # uvloop makes the Python runtime's event loop ~5-20 us faster per internal
 # call (BENCHMARKS.md); the runtime falls back to asyncio without it.

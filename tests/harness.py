@@ -221,7 +221,9 @@ def wait_for(pred, timeout, interval=0.1):
 
 
 def traces(srv, function, limit=200):
-    r = srv.get(f"/system/trace?function={function}&limit={limit}")
+    """Recent call traces, newest first; `function=None` means all functions."""
+    query = f"limit={limit}" + (f"&function={function}" if function else "")
+    r = srv.get(f"/system/trace?{query}")
     assert r.status == 200, r
     return r.json()
 

@@ -633,3 +633,30 @@ def test_logs_command(server, tmp_path):
         return p if p.returncode == 0 and "chatty got marker-7f3a" in p.stdout else None
     p = wait_for(logged, timeout=2.0)
     assert p, server.cli("logs", "chatty", "--state-dir", server.state_dir)
+
+
+# ---------------------------------------------------------------- languages (issue 3)
+
+
+@pytest.mark.parametrize("lang", ["python", "node", "go", "c", "cpp"])
+def test_new_scaffolds_a_deployable_function(server, tmp_path, lang):
+    name = f"scaffold-{lang}"
+    p = server.cli("new", name, "--lang", lang, "--dir", tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / name / "staccato.yml").is_file()
+    server.deploy(tmp_path / name)
+    assert ok_body(server.invoke(name, b"world", timeout=30)) == f"Hello from {name}: world".encode()
+    again = server.cli("new", name, "--lang", lang, "--dir", tmp_path)
+    assert again.returncode != 0 and "already exists" in again.stderr
+
+
+def test_polyglot_chain(server):
+    """Python → Go → Node.js → C++ and back, every hop an internal call."""
+    server.deploy(REPO / "examples" / "polyglot")
+    r = server.invoke("poly-python", b"x", timeout=30)
+    assert ok_body(r) == b"python(go(node(cpp(x))))"
+    outer = r.headers["x-call-id"]
+    chain = {t["function"]: t for t in traces(server, None, limit=100) if t["function"].startswith("poly-")}
+    assert chain["poly-go"]["parent_call_id"] == outer
+    assert chain["poly-node"]["parent_call_id"] == chain["poly-go"]["call_id"]
+    assert chain["poly-cpp"]["parent_call_id"] == chain["poly-node"]["call_id"]
