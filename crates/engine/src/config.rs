@@ -1,5 +1,6 @@
 //! Engine settings. Defaults are what `staccato up` uses.
 
+use crate::spec::Runtime;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -53,6 +54,18 @@ impl EngineConfig {
             engine_spin_us: 30,
             python: "python3".into(),
             launcher_ready_timeout_ms: 15_000,
+        }
+    }
+
+    /// The spin (`STACCATO_SPIN_US`) a function's workers get on a machine
+    /// with `cpus` usable vCPUs. On one vCPU a spinning C/C++ worker only
+    /// delays the engine it waits for, while Go's spin-then-ppoll still beats
+    /// its netpoller there (A/B figures in BENCHMARKS.md).
+    pub fn worker_spin_us_for(&self, runtime: Runtime, cpus: usize) -> u32 {
+        if cpus < 2 && matches!(runtime, Runtime::C | Runtime::Cpp) {
+            0
+        } else {
+            self.worker_spin_us
         }
     }
 }

@@ -46,16 +46,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         mailboxes.push(Mailbox { queue: Mutex::new(Vec::new()), waker });
         polls.push(poll);
     }
-    let mut cfg = cfg;
     let cpus = ipc::cpus_allowed();
-    if cpus.len() < 2 && cfg.worker_spin_us > 0 {
-        // With one vCPU a spinning worker only delays the engine it waits
-        // for. The engine's yield-spin still pays off there (a worker's reply
-        // finds it runnable instead of asleep in epoll_wait): A/B figures in
-        // BENCHMARKS.md.
-        log::info!("one CPU available: worker spinning disabled");
-        cfg.worker_spin_us = 0;
-    }
     let (sup_tx, sup_rx) = mpsc::channel();
     let shared = Arc::new(Shared {
         cpus,

@@ -201,7 +201,7 @@ impl Supervisor {
             .env("STACCATO_FUNCTION", &f.spec.name)
             .env("STACCATO_IPC_DIR", &f.dir)
             .env("STACCATO_PAYLOAD_MAX", cfg.payload_len_max.to_string())
-            .env("STACCATO_SPIN_US", cfg.worker_spin_us.to_string())
+            .env("STACCATO_SPIN_US", cfg.worker_spin_us_for(f.spec.runtime, self.shared.cpus.len()).to_string())
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log);
