@@ -660,3 +660,43 @@ def test_polyglot_chain(server):
     assert chain["poly-go"]["parent_call_id"] == outer
     assert chain["poly-node"]["parent_call_id"] == chain["poly-go"]["call_id"]
     assert chain["poly-cpp"]["parent_call_id"] == chain["poly-node"]["call_id"]
+
+
+def test_dependencies_installed_at_deploy(server, tmp_path):
+    """requirements.txt, package.json and go.mod are resolved from the package
+    registries at deploy, into the function's own directory."""
+    py, node, go = tmp_path / "py", tmp_path / "node", tmp_path / "go"
+    for d in (py, node, go):
+        d.mkdir()
+    _write(py / "requirements.txt", "six==1.16.0\n")
+    _write(py / "handler.py", "import six\n\ndef handle(ctx, data):\n    return six.ensure_binary('six ' + six.__version__)\n")
+    _write(node / "package.json", json.dumps({"name": "deps-node", "version": "1.0.0", "type": "module",
+                                              "dependencies": {"is-number": "7.0.0"}}))
+    _write(node / "handler.mjs", "import isNumber from 'is-number';\n"
+                                 "export function handle(ctx, data) { return `is-number ${isNumber(data.toString())}`; }\n")
+    _write(go / "go.mod", "module example.com/depsgo\n\ngo 1.22\n\nrequire github.com/google/uuid v1.6.0\n")
+    _write(go / "handler.go", 'package depsgo\n\nimport (\n\t"github.com/google/uuid"\n\t"staccato.local/go/staccato"\n)\n\n'
+                              'func Handle(ctx *staccato.Context, in []byte) ([]byte, error) {\n'
+                              '\tu, err := uuid.Parse(string(in))\n\tif err != nil {\n\t\treturn nil, err\n\t}\n'
+                              '\treturn []byte(u.URN()), nil\n}\n')
+    manifest = _write(tmp_path / "staccato.yml", "functions:\n"
+                      "  deps-py:\n    runtime: python\n    source: py\n"
+                      "  deps-node:\n    runtime: node\n    source: node\n"
+                      "  deps-go:\n    runtime: go\n    source: go\n")
+    p = server.cli("deploy", manifest, timeout=300)
+    assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+    assert ok_body(server.invoke("deps-py")) == b"six 1.16.0"
+    assert ok_body(server.invoke("deps-node", b"42")) == b"is-number true"
+    u = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+    assert ok_body(server.invoke("deps-go", u.encode())) == f"urn:uuid:{u}".encode()
+    check_error(server.invoke("deps-go", b"not-a-uuid"), 500, "function_error", in_message="invalid UUID")
+
+
+def test_missing_dependency_fails_the_deploy(server, tmp_path):
+    _write(tmp_path / "requirements.txt", "staccato-no-such-package-7f3a==1.0\n")
+    _write(tmp_path / "handler.py", "def handle(ctx, data):\n    return b''\n")
+    manifest = _write(tmp_path / "staccato.yml", "functions:\n  deps-missing:\n    runtime: python\n")
+    p = server.cli("deploy", manifest, timeout=300)
+    assert p.returncode != 0
+    assert "requirements.txt" in p.stderr and "staccato-no-such-package-7f3a" in p.stderr, p.stderr
+    check_error(server.invoke("deps-missing"), 404, "not_found")
