@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vector_util.h"
 #include "wire.h"
 
 static int passed, failed;
@@ -25,57 +26,6 @@ static void record(int tc_id, const char *comment, const char *reason)
     printf("FAIL tcId %d (%s): %s\n", tc_id, comment, reason);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    char *buf = NULL;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        buf = malloc((size_t)len + 1);
-        if (buf != NULL && fread(buf, 1, (size_t)len, f) != (size_t)len) {
-            free(buf);
-            buf = NULL;
-        }
-        if (buf != NULL)
-            buf[len] = 0;
-    }
-    fclose(f);
-    return buf;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Decodes a hex string into a new buffer; returns NULL on malformed hex. */
-static uint8_t *unhex(const char *hex, size_t *len)
-{
-    size_t n = strlen(hex);
-    if (n % 2 != 0)
-        return NULL;
-    uint8_t *out = malloc(n / 2 + 1); /* +1: never malloc(0) */
-    if (out == NULL)
-        return NULL;
-    for (size_t i = 0; i < n / 2; i++) {
-        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0) {
-            free(out);
-            return NULL;
-        }
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    *len = n / 2;
-    return out;
-}
 
 static int kind_code(const char *name)
 {
