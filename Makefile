@@ -20,6 +20,7 @@ test: setup
 	$(MAKE) -s -C runtimes/c test
 	$(MAKE) -s -C runtimes/cpp test
 	python3 -m pytest -q runtimes/python/tests
+	python3 -m pytest -q tools/staccato_analyzer/tests
 	node --test runtimes/node/test/
 	cd runtimes/go && go test ./...
 	python3 -m pytest -q tests

@@ -25,6 +25,8 @@ python3 -c 'import sys; assert sys.version_info >= (3, 9)' || { echo "error: Pyt
 command -v go >/dev/null 2>&1 || { echo "error: Go >= 1.22 is required for Go functions (https://go.dev/dl)" >&2; exit 1; }
 command -v node >/dev/null 2>&1 || { echo "error: Node.js >= 18 is required for Node.js functions" >&2; exit 1; }
 python3 -m pytest --version >/dev/null 2>&1 || { echo "==> pip install pytest"; python3 -m pip install -q pytest; }
+# The workload analyzer (staccato bench analyze/compare) plots with matplotlib.
+python3 -c 'import numpy, matplotlib' >/dev/null 2>&1 || { echo "==> pip install numpy matplotlib"; python3 -m pip install -q numpy matplotlib; }
 # uvloop makes the Python runtime's event loop ~5-20 us faster per internal
 # call (BENCHMARKS.md); the runtime falls back to asyncio without it.
 python3 -c 'import uvloop' >/dev/null 2>&1 || { echo "==> pip install uvloop"; python3 -m pip install -q uvloop || echo "warning: uvloop not installed; Python functions use plain asyncio"; }

@@ -1,0 +1,185 @@
+"""PNG plots (matplotlib, Agg backend)."""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from . import stats as S  # noqa: E402
+
+SPECTRUM_TICKS = [50.0, 90.0, 99.0, 99.9, 99.99, 99.999]
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def latency_over_time(run, path):
+    req = run.req
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    lat = req["latency_ms"]
+    sched = req["scheduled_s"]
+    fin = np.isfinite(lat) & np.isfinite(sched)
+    if run.has_breakdown() and fin.any():
+        dur = float(np.nanmax(sched[fin]) - np.nanmin(sched[fin]))
+        bin_s = S.nice_bin(dur)
+        ok = fin & (req["error"] == "")
+        b = S.breakdown_bins(sched[ok], lat[ok], req["cold_ms"][ok], req["queue_ms"][ok],
+                             req["exec_ms"][ok], bin_s)
+        x = b["center_s"]
+        layers = [np.nan_to_num(b[k]) for k in ("init", "wait", "exec", "rest")]
+        ax.stackplot(x, *layers, step="mid", alpha=0.55,
+                     colors=["#d62728", "#ff7f0e", "#2ca02c", "#9ecae1"],
+                     labels=[f"init (cold start), mean per {bin_s:g} s bin",
+                             "wait (engine queue)", "exec (function)", "rest (network, gateway, client)"])
+    names = run.instances()
+    cmap = plt.get_cmap("tab10")
+    for i, name in enumerate(names):
+        m = fin & (req["instance"] == name)
+        if not m.any():
+            continue
+        w = m & req["warmup"]
+        mm = m & ~req["warmup"]
+        ax.scatter(sched[mm], lat[mm], s=4, alpha=0.5, color=cmap(i % 10), label=f"{name} (per request)")
+        if w.any():
+            ax.scatter(sched[w], lat[w], s=4, alpha=0.35, color="grey", marker="x",
+                       label="warm-up" if i == 0 else None)
+    err = (req["error"] != "") & np.isfinite(sched)
+    if err.any():
+        y = np.where(np.isfinite(lat[err]), lat[err], 0.0)
+        ax.scatter(sched[err], y, s=14, marker="x", color="black", label=f"errors ({int(err.sum())})")
+    if fin.any():
+        cap = S.percentile(lat[fin], 99.9)
+        top = float(np.nanmax(lat[fin]))
+        if top > 3 * cap and cap > 0:
+            above = int((lat[fin] > cap * 1.2).sum())
+            ax.set_ylim(0, cap * 1.2)
+            ax.text(0.99, 0.98, f"{above} requests above {cap * 1.2:.3g} ms not shown (max {top:.3g} ms)",
+                    transform=ax.transAxes, ha="right", va="top", fontsize=8)
+        else:
+            ax.set_ylim(bottom=0)
+    ax.set_xlabel("scheduled send time (s since test start)")
+    ax.set_ylabel("latency (ms, corrected)")
+    ax.set_title(f"{run.name}: latency over time" + ("" if run.has_breakdown() else " (no breakdown)"))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8, markerscale=3)
+    _save(fig, path)
+
+
+def spectrum_points(values, max_points=400):
+    """(x = 1/(1-p), y = nearest-rank percentile) points for an HdrHistogram-style plot."""
+    v = np.sort(np.asarray(values, float))
+    n = v.size
+    if n == 0:
+        return np.array([]), np.array([])
+    xmax = max(float(n), 2.0)
+    xs = np.unique(np.concatenate([np.geomspace(1.0, xmax, max_points), [xmax]]))
+    ps = 1.0 - 1.0 / xs
+    ranks = np.clip(np.ceil(ps * n - 1e-9).astype(int), 1, n)
+    return xs, v[ranks - 1]
+
+
+def _spectrum_axes(ax, title):
+    ax.set_xscale("log")
+    ticks = [1.0 / (1.0 - p / 100.0) for p in SPECTRUM_TICKS]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{p:g}%" for p in SPECTRUM_TICKS])
+    ax.minorticks_off()
+    ax.set_xlim(left=1.0)
+    ax.set_xlabel("percentile (log scale of 1/(1-p))")
+    ax.set_ylabel("latency (ms, corrected)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+
+
+def percentile_spectrum(run, path):
+    req = run.req
+    base = ~req["warmup"] & (req["error"] == "") & np.isfinite(req["latency_ms"])
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    for name in run.instances():
+        xs, ys = spectrum_points(req["latency_ms"][base & (req["instance"] == name)])
+        if xs.size:
+            ax.plot(xs, ys, lw=1.3, label=name)
+    xs, ys = spectrum_points(req["latency_ms"][base])
+    if xs.size:
+        ax.plot(xs, ys, lw=2.2, color="black", label="overall")
+    _spectrum_axes(ax, f"{run.name}: latency by percentile (warm-up excluded)")
+    _save(fig, path)
+
+
+def spectrum_overlay(runs, path):
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    for label, run in runs:
+        req = run.req
+        base = ~req["warmup"] & (req["error"] == "") & np.isfinite(req["latency_ms"])
+        xs, ys = spectrum_points(req["latency_ms"][base])
+        if xs.size:
+            ax.plot(xs, ys, lw=1.8, label=label)
+    _spectrum_axes(ax, "latency by percentile: " + " vs ".join(l for l, _ in runs))
+    _save(fig, path)
+
+
+def _load_axes(axl, axr, title, slo):
+    axl.set_xlabel("offered rate (requests/s)")
+    axl.set_ylabel("latency (ms, corrected)")
+    axl.set_title(title)
+    axl.grid(alpha=0.3)
+    if slo:
+        axl.axhline(float(slo["max_ms"]), color="red", ls="--", lw=1,
+                    label=f"SLO p{float(slo['percentile']):g} <= {float(slo['max_ms']):g} ms")
+    axl.legend(fontsize=8)
+    axr.set_xlabel("offered rate (requests/s)")
+    axr.set_ylabel("achieved rate (requests/s)")
+    axr.set_title("throughput")
+    axr.grid(alpha=0.3)
+    axr.legend(fontsize=8)
+
+
+def _plot_load(axl, axr, rows, label, color=None, slo_pct=None):
+    x = np.array([r["configured_rate"] for r in rows], float)
+    p50 = np.array([r["latency_ms"]["p50"] or np.nan for r in rows], float)
+    p99 = np.array([r["latency_ms"]["p99"] or np.nan for r in rows], float)
+    ach = np.array([r["achieved_rate"] or np.nan for r in rows], float)
+    o = np.argsort(x)
+    pre = f"{label} " if label else ""
+    l1, = axl.plot(x[o], p50[o], "o-", color=color, label=f"{pre}p50")
+    axl.plot(x[o], p99[o], "s--", color=l1.get_color(), label=f"{pre}p99")
+    axr.plot(x[o], ach[o], "o-", color=l1.get_color(), label=f"{pre}achieved")
+    return x
+
+
+def latency_vs_load(run, rows, slo, path):
+    fig, (axl, axr) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [3, 2]})
+    x = _plot_load(axl, axr, rows, "")
+    if x.size:
+        axr.plot([0, x.max()], [0, x.max()], ":", color="grey", label="achieved = offered")
+    if slo:
+        best = S.slo_select(rows)
+        if best is not None:
+            axl.axvline(best["configured_rate"], color="red", ls=":", lw=1,
+                        label=f"highest rate meeting SLO: {best['configured_rate']:g}/s")
+    _load_axes(axl, axr, f"{run.name}: latency vs offered load (per phase)", slo)
+    _save(fig, path)
+
+
+def load_overlay(runs_rows, path, slo=None):
+    fig, (axl, axr) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw={"width_ratios": [3, 2]})
+    xmax = 0.0
+    for label, rows in runs_rows:
+        x = _plot_load(axl, axr, rows, label)
+        if x.size:
+            xmax = max(xmax, float(x.max()))
+    if xmax:
+        axr.plot([0, xmax], [0, xmax], ":", color="grey", label="achieved = offered")
+    _load_axes(axl, axr, "latency vs offered load: " + " vs ".join(l for l, _ in runs_rows), slo)
+    _save(fig, path)
+
+
+def finite(x):
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
