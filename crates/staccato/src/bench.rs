@@ -23,6 +23,33 @@ use wire::message::{Header, Kind, Message};
 pub enum BenchCmd {
     /// Microbenchmarks: pipes, message channels, internal and external calls.
     Micro(MicroArgs),
+    /// Open-loop workload from a FaaSProfiler-style JSON config (see crates/loadgen).
+    Run(RunArgs),
+    /// Analyze a run directory (python3 -m staccato_analyzer analyze).
+    Analyze { run: PathBuf },
+    /// Compare run directories (python3 -m staccato_analyzer compare).
+    Compare {
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+    },
+}
+
+#[derive(Args, Clone)]
+pub struct RunArgs {
+    /// The workload JSON (FaaSProfiler's format plus extensions).
+    config: PathBuf,
+    /// Run directory; default bench-results/<test_name>-<YYYYmmdd-HHMMSS>.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Upper bound on open connections (one request in flight on each).
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds outstanding requests may take after the last arrival; then they count as `timeout`.
+    #[arg(long, default_value_t = 10.0)]
+    drain_timeout_s: f64,
+    /// Do not run the Python analyzer afterwards.
+    #[arg(long)]
+    no_analyze: bool,
 }
 
 #[derive(Args, Clone)]
@@ -53,10 +80,86 @@ pub struct MicroArgs {
     no_floors: bool,
 }
 
-pub fn run(cmd: BenchCmd) -> Result<()> {
+/// `gateway`: --gateway / STACCATO_GATEWAY, for configs without `base_url`.
+pub fn run(cmd: BenchCmd, gateway: &str) -> Result<()> {
     match cmd {
         BenchCmd::Micro(a) => micro(a),
+        BenchCmd::Run(a) => run_workload(a, gateway),
+        BenchCmd::Analyze { run } => analyzer("analyze", &[run]).map(drop),
+        BenchCmd::Compare { runs } => analyzer("compare", &runs).map(drop),
     }
+}
+
+fn run_workload(a: RunArgs, gateway: &str) -> Result<()> {
+    let opts = loadgen::RunOptions {
+        base_url: gateway.to_string(),
+        out_dir: a.out,
+        max_connections: a.max_connections,
+        drain: Duration::from_secs_f64(a.drain_timeout_s.max(0.0)),
+        progress: true,
+        versions: json!({"staccato": env!("CARGO_PKG_VERSION"), "git": git_describe()}),
+    };
+    let res = loadgen::run(&a.config, &opts)?;
+    let o = &res.summary["overall"];
+    eprintln!(
+        "{} requests, {} ok; latency p50 {} ms, p99 {} ms; send lag p99 {} ms; achieved {:.1}/s of {:.1}/s offered",
+        o["count"],
+        o["ok"],
+        o["latency_ms"]["p50"],
+        o["latency_ms"]["p99"],
+        o["send_lag_ms"]["p99"],
+        o["achieved_rate"].as_f64().unwrap_or(0.0),
+        o["offered_rate"].as_f64().unwrap_or(0.0),
+    );
+    if let Some(best) = res.summary.get("slo") {
+        eprintln!("highest swept rate meeting the SLO: {}", best["max_rate_meeting_slo"]);
+    }
+    if !a.no_analyze {
+        match analyzer("analyze", std::slice::from_ref(&res.dir)) {
+            Ok(true) => {}
+            Ok(false) => eprintln!("note: the analyzer failed; the records are complete without it"),
+            Err(e) => eprintln!("note: analyzer not run ({e})"),
+        }
+    }
+    println!("{}", res.dir.display());
+    Ok(())
+}
+
+/// `python3 -m staccato_analyzer VERB ARGS` with PYTHONPATH=<repo>/tools.
+/// Ok(false) when it ran and failed.
+fn analyzer(verb: &str, args: &[PathBuf]) -> Result<bool> {
+    let tools = find_repo()?.join("tools");
+    if !tools.join("staccato_analyzer").is_dir() {
+        bail!("{} has no staccato_analyzer", tools.display());
+    }
+    let st = Command::new("python3")
+        .args(["-m", "staccato_analyzer", verb])
+        .args(args)
+        .env("PYTHONPATH", &tools)
+        .status()
+        .context("running python3")?;
+    Ok(st.success())
+}
+
+/// The repository: the directory above the binary (target/release/staccato)
+/// holding runtimes/ and tools/, or the current directory.
+fn find_repo() -> Result<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(exe.ancestors().skip(1).take(4).map(PathBuf::from));
+    }
+    candidates.push(PathBuf::from("."));
+    candidates
+        .into_iter()
+        .find(|p| p.join("runtimes").is_dir() && p.join("crates").is_dir())
+        .map(|p| p.canonicalize().unwrap_or(p))
+        .ok_or_else(|| anyhow!("cannot find the staccato repository (for tools/)"))
+}
+
+fn git_describe() -> Option<String> {
+    let repo = find_repo().ok()?;
+    let out = Command::new("git").args(["describe", "--always", "--dirty"]).current_dir(repo).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 struct Row {

@@ -167,7 +167,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Bench(b) => bench::run(b),
+        Cmd::Bench(b) => bench::run(b, &cli.gateway),
     }
 }
 

@@ -1,0 +1,293 @@
+//! `staccato bench run`: an open-loop workload runner that reads
+//! FaaSProfiler's workload JSON (paper 004, §3.1 and Listing 1).
+//!
+//! Every arrival is scheduled up front (`schedule.rs`), sent at its time by a
+//! non-blocking sender (`sender.rs`) whatever the earlier requests are doing,
+//! and latency is measured from the scheduled time, so a slow server cannot
+//! slow the load down and hide its own queueing (no coordinated omission,
+//! as in wrk2). The run directory holds run.json, requests.csv,
+//! invocations.csv and summary.json (`record.rs`).
+//!
+//! FaaSProfiler breakages fixed here:
+//! * `activity_window: null` (the whole test) and `random_seed: null` (a
+//!   random seed, recorded as `seed_used`) work;
+//! * each instance draws from its own seed, derived from `random_seed`, the
+//!   instance name and the sweep phase, so equal-rate Poisson instances do not
+//!   fire at identical times, and the schedule is the same on every run;
+//! * `perf_monitoring.post_script` runs, after the records are written, with
+//!   the run directory as `$1`.
+//!
+//! `blocking_cli` is accepted and recorded only: this sender never waits
+//! for a response before sending the next request.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod http;
+pub mod record;
+pub mod schedule;
+pub mod sender;
+pub mod stats;
+
+use config::{Body, Config};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid workload configuration: {0}")]
+    Config(String),
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+}
+
+pub struct RunOptions {
+    /// Where requests go unless the config has `base_url` (the CLI passes
+    /// --gateway, which defaults to $STACCATO_GATEWAY or http://127.0.0.1:8080).
+    pub base_url: String,
+    /// The run directory; default `bench-results/<test_name>-<YYYYmmdd-HHMMSS>`.
+    pub out_dir: Option<PathBuf>,
+    pub max_connections: usize,
+    /// How long outstanding requests may take after the last arrival.
+    pub drain: Duration,
+    pub progress: bool,
+    /// For run.json: the staccato version and `git describe`.
+    pub versions: Value,
+}
+
+pub struct RunResult {
+    pub dir: PathBuf,
+    pub summary: Value,
+}
+
+pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
+    let cfg = Config::load(config_path)?;
+    let seed = cfg.random_seed.unwrap_or_else(random_seed);
+    let base_url = cfg.base_url.clone().unwrap_or_else(|| opts.base_url.clone());
+    let (templates, template_of) = templates(&cfg, &base_url)?;
+    let arrivals = schedule::build(&cfg, seed);
+    let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    let dir = opts.out_dir.clone().unwrap_or_else(|| {
+        PathBuf::from("bench-results").join(format!("{}-{}", cfg.test_name, timestamp(started_unix_s as u64)))
+    });
+    std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("creating {}", dir.display()), e))?;
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |e| Error::Io(what, e)
+    };
+    eprintln!(
+        "staccato bench run: {} — {} requests over {:.1} s to {base_url}, seed {seed}",
+        cfg.test_name,
+        arrivals.len(),
+        cfg.total_duration_s()
+    );
+    let monitor = match &cfg.runtime_script {
+        Some(s) => Some(start_script(s, &cfg.dir, None).map_err(io("starting perf_monitoring.runtime_script"))?),
+        None => None,
+    };
+    let plan = sender::Plan { arrivals: &arrivals, templates, template_of };
+    let sopts = sender::Options {
+        max_connections: opts.max_connections.max(1),
+        end_ns: (cfg.total_duration_s() * 1e9) as u64,
+        drain: opts.drain,
+        progress: opts.progress,
+    };
+    let outcomes = sender::run(&plan, &sopts, Instant::now()).map_err(io("sender"));
+    if let Some(m) = monitor {
+        stop_script(m);
+    }
+    let rows = record::rows(&cfg, &arrivals, &outcomes?);
+    record::write_requests(&dir.join("requests.csv"), &cfg, &rows).map_err(io("writing requests.csv"))?;
+    let traces = fetch_traces(&base_url);
+    if traces.is_none() {
+        eprintln!("note: no Staccato trace endpoint at {base_url}/system/trace; invocations.csv has only its header");
+    }
+    record::write_invocations(&dir.join("invocations.csv"), traces.as_deref().unwrap_or(&[]), &rows)
+        .map_err(io("writing invocations.csv"))?;
+    let summary = record::summary(&cfg, &rows);
+    write_json(&dir.join("summary.json"), &summary)?;
+    let run = run_json(&cfg, config_path, seed, started_unix_s, &base_url, &arrivals, opts);
+    write_json(&dir.join("run.json"), &run)?;
+    if let Some(s) = &cfg.post_script {
+        match start_script(s, &cfg.dir, Some(&dir)).and_then(|mut c| c.wait()) {
+            Ok(st) if st.success() => {}
+            Ok(st) => eprintln!("warning: post_script {} exited with {st}", s.display()),
+            Err(e) => eprintln!("warning: post_script {}: {e}", s.display()),
+        }
+    }
+    Ok(RunResult { dir, summary })
+}
+
+type Templates = (Vec<sender::Template>, Vec<Vec<usize>>);
+
+/// One prebuilt request per (instance, application).
+fn templates(cfg: &Config, base_url: &str) -> Result<Templates, Error> {
+    let mut out = Vec::new();
+    let mut index = Vec::new();
+    for inst in &cfg.instances {
+        let mut row = Vec::new();
+        for (app, _) in &inst.mix {
+            let url_s =
+                inst.url.clone().unwrap_or_else(|| format!("{}/function/{app}", base_url.trim_end_matches('/')));
+            let url = http::parse_url(&url_s).map_err(|e| Error::Config(format!("instance {}: {e}", inst.name)))?;
+            let path = if url.path.is_empty() { "/".to_string() } else { url.path.clone() };
+            let (body, json): (&[u8], bool) = match &inst.body {
+                Body::Empty => (&[], false),
+                Body::Bytes(b) => (b, false),
+                Body::Json(b) => (b, true),
+            };
+            row.push(out.len());
+            out.push(sender::Template {
+                target: url.addr,
+                bytes: http::build_request(&inst.method, &url.host, &path, &inst.headers, body, json),
+                body_len: body.len(),
+            });
+        }
+        index.push(row);
+    }
+    Ok((out, index))
+}
+
+fn random_seed() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_ok() {
+        return u64::from_le_bytes(b) >> 1; // fits a JSON integer everywhere that reads i64
+    }
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64 >> 1) ^ std::process::id() as u64
+}
+
+/// `bash SCRIPT [ARG]` in `cwd`, in its own process group so stopping it
+/// stops whatever it started (perf, sar, ...).
+fn start_script(script: &Path, cwd: &Path, arg: Option<&Path>) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new("bash");
+    c.arg(script).current_dir(cwd).process_group(0);
+    if let Some(a) = arg {
+        c.arg(std::path::absolute(a)?);
+    }
+    c.spawn()
+}
+
+/// SIGTERM to the script's process group, then SIGKILL after 5 s.
+fn stop_script(mut child: Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let _ = Command::new("kill").args(["-TERM", "--", &format!("-{}", child.id())]).status();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+    let _ = child.wait();
+}
+
+/// `GET {base_url}/system/trace?limit=4096`, best effort: None when absent.
+pub fn fetch_traces(base_url: &str) -> Option<Vec<Value>> {
+    let url = http::parse_url(base_url).ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&url.addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {}/system/trace?limit=4096 HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", url.path, url.host)
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    if !buf.starts_with(b"HTTP/1.1 200") {
+        return None;
+    }
+    let (resp, _) = http::parse_response(&buf).ok().flatten().unwrap_or_default();
+    let body = &buf[head_end + 4..];
+    let body = if resp.bytes_in > 0 && resp.bytes_in <= body.len() { &body[..resp.bytes_in] } else { body };
+    match serde_json::from_slice(body).ok()? {
+        Value::Array(v) => Some(v),
+        _ => None,
+    }
+}
+
+fn run_json(
+    cfg: &Config,
+    config_path: &Path,
+    seed: u64,
+    started_unix_s: f64,
+    base_url: &str,
+    arrivals: &[schedule::Arrival],
+    opts: &RunOptions,
+) -> Value {
+    let mut instances = serde_json::Map::new();
+    for (i, inst) in cfg.instances.iter().enumerate() {
+        let ws = schedule::phase_windows(cfg, inst);
+        let scheduled = arrivals.iter().filter(|a| a.instance as usize == i).count();
+        let phases: Vec<Value> = ws
+            .iter()
+            .map(|w| {
+                json!({"phase": w.phase, "rate": w.rate, "start_s": w.start_s, "end_s": w.end_s,
+                            "measured_start_s": w.measured_start_s})
+            })
+            .collect();
+        instances.insert(
+            inst.name.clone(),
+            json!({"offered_rate": if inst.rates.len() == 1 { json!(inst.rates[0]) } else { json!(inst.rates) },
+                   "applications": inst.mix.iter().map(|m| m.0.clone()).collect::<Vec<_>>(),
+                   "phases": phases, "scheduled": scheduled}),
+        );
+    }
+    json!({
+        "config": cfg.raw,
+        "config_path": std::path::absolute(config_path).unwrap_or_else(|_| config_path.to_path_buf()),
+        "seed_used": seed,
+        "started_unix_s": started_unix_s,
+        "duration_s": cfg.total_duration_s(),
+        "base_url": base_url,
+        "blocking_cli": cfg.blocking_cli,
+        "max_connections": opts.max_connections,
+        "machine": machine(),
+        "versions": opts.versions,
+        "instances": instances,
+    })
+}
+
+pub fn machine() -> Value {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    let cpu_model = read("/proc/cpuinfo").and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    });
+    json!({
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpu_model": cpu_model,
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "hostname": read("/proc/sys/kernel/hostname"),
+    })
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<(), Error> {
+    let text = serde_json::to_string_pretty(v).unwrap_or_default();
+    std::fs::write(path, text + "\n").map_err(|e| Error::Io(format!("writing {}", path.display()), e))
+}
+
+/// `YYYYmmdd-HHMMSS` in UTC (Howard Hinnant's civil-from-days).
+pub fn timestamp(unix_s: u64) -> String {
+    let days = (unix_s / 86_400) as i64;
+    let secs = unix_s % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,384 @@
+//! The open-loop sender: one thread, one mio poll, HTTP/1.1 keep-alive
+//! connections with at most one request in flight each (no pipelining). A
+//! request is sent at its scheduled time whatever happened to earlier ones;
+//! when every connection is busy and the pool is at its cap, the due
+//! requests wait and their send lag shows it.
+//!
+//! Timing: epoll sleeps in whole milliseconds, so the loop sleeps in poll
+//! until ~1 ms before the next send and spins (zero-timeout polls) for the
+//! rest. With nothing in flight there is no response to notice late, so it
+//! sleeps with nanosleep to ~60 µs before the send instead of spinning.
+
+use crate::http::{parse_response, Response};
+use crate::schedule::Arrival;
+use crate::stats::percentile;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// The prebuilt request of one (instance, application) and where it goes.
+pub struct Template {
+    pub target: SocketAddr,
+    pub bytes: Vec<u8>,
+    /// The body's length, what requests.csv reports as bytes_out.
+    pub body_len: usize,
+}
+
+pub struct Plan<'a> {
+    pub arrivals: &'a [Arrival],
+    pub templates: Vec<Template>,
+    /// templates index by [instance][app].
+    pub template_of: Vec<Vec<usize>>,
+}
+
+pub struct Options {
+    pub max_connections: usize,
+    pub end_ns: u64,
+    pub drain: Duration,
+    pub progress: bool,
+}
+
+/// What happened to one arrival.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub sent_ns: Option<u64>,
+    pub done_ns: Option<u64>,
+    pub bytes_out: usize,
+    pub response: Option<Response>,
+    /// A transport error word: connect, reset, timeout.
+    pub transport_error: Option<&'static str>,
+}
+
+enum State {
+    Connecting,
+    Idle,
+    Busy,
+}
+
+struct Conn {
+    stream: TcpStream,
+    target: usize,
+    state: State,
+    /// The arrival in flight (Connecting with a request, or Busy).
+    req: Option<usize>,
+    written: usize,
+    rbuf: Vec<u8>,
+}
+
+struct Sender<'a> {
+    plan: &'a Plan<'a>,
+    opts: &'a Options,
+    start: Instant,
+    poll: Poll,
+    conns: Vec<Option<Conn>>,
+    free_slots: Vec<usize>,
+    /// Idle connections per target address.
+    idle: Vec<Vec<usize>>,
+    targets: Vec<SocketAddr>,
+    template_target: Vec<usize>,
+    live: usize,
+    in_flight: usize,
+    out: Vec<Outcome>,
+    next: usize,
+    sent: usize,
+    completed: usize,
+    errors: usize,
+    second_latencies_ns: Vec<u64>,
+}
+
+/// Runs the plan; `start` is the test's time zero. Returns one outcome per arrival.
+pub fn run(plan: &Plan, opts: &Options, start: Instant) -> std::io::Result<Vec<Outcome>> {
+    let mut targets: Vec<SocketAddr> = Vec::new();
+    let template_target = plan
+        .templates
+        .iter()
+        .map(|t| match targets.iter().position(|a| *a == t.target) {
+            Some(i) => i,
+            None => {
+                targets.push(t.target);
+                targets.len() - 1
+            }
+        })
+        .collect();
+    let mut s = Sender {
+        plan,
+        opts,
+        start,
+        poll: Poll::new()?,
+        conns: Vec::new(),
+        free_slots: Vec::new(),
+        idle: vec![Vec::new(); targets.len()],
+        targets,
+        template_target,
+        live: 0,
+        in_flight: 0,
+        out: vec![Outcome::default(); plan.arrivals.len()],
+        next: 0,
+        sent: 0,
+        completed: 0,
+        errors: 0,
+        second_latencies_ns: Vec::new(),
+    };
+    s.run_loop()?;
+    Ok(s.out)
+}
+
+impl Sender<'_> {
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn run_loop(&mut self) -> std::io::Result<()> {
+        let mut events = Events::with_capacity(1024);
+        let deadline_ns = self.opts.end_ns + self.opts.drain.as_nanos() as u64;
+        let mut next_progress_ns = 1_000_000_000;
+        loop {
+            let now = self.now_ns();
+            let blocked = self.send_due(now);
+            let n = self.plan.arrivals.len();
+            if self.next == n && self.in_flight == 0 {
+                break;
+            }
+            let now = self.now_ns();
+            if now >= deadline_ns {
+                self.time_out_the_rest();
+                break;
+            }
+            if now >= next_progress_ns {
+                self.progress(now);
+                next_progress_ns += 1_000_000_000;
+            }
+            let mut wake_ns = deadline_ns.min(next_progress_ns);
+            if self.next < n && !blocked {
+                wake_ns = wake_ns.min(self.plan.arrivals[self.next].at_ns);
+            }
+            let wait_ns = wake_ns.saturating_sub(now);
+            let timeout = if wait_ns >= 1_100_000 {
+                // Poll rounds up to whole ms; leave ~1 ms to spin off.
+                Duration::from_millis((wait_ns - 1_000_000) / 1_000_000)
+            } else {
+                if self.in_flight == 0 && wait_ns > 100_000 {
+                    std::thread::sleep(Duration::from_nanos(wait_ns - 60_000));
+                }
+                Duration::ZERO
+            };
+            self.poll.poll(&mut events, Some(timeout))?;
+            for ev in events.iter() {
+                self.on_event(ev.token().0);
+            }
+        }
+        if self.opts.progress {
+            self.progress(self.now_ns());
+        }
+        Ok(())
+    }
+
+    /// Sends every due arrival. Returns true when one is due but the pool is at its cap.
+    fn send_due(&mut self, now: u64) -> bool {
+        while self.next < self.plan.arrivals.len() && self.plan.arrivals[self.next].at_ns <= now {
+            let a = self.plan.arrivals[self.next];
+            let tpl = self.plan.template_of[a.instance as usize][a.app as usize];
+            let target = self.template_target[tpl];
+            let slot = match self.idle[target].pop() {
+                Some(c) => c,
+                None if self.live < self.opts.max_connections => match self.connect(target) {
+                    Some(c) => c,
+                    None => {
+                        self.fail(self.next, "connect");
+                        self.next += 1;
+                        continue;
+                    }
+                },
+                None => return true,
+            };
+            let i = self.next;
+            self.next += 1;
+            self.in_flight += 1;
+            self.out[i].bytes_out = self.plan.templates[tpl].body_len;
+            let c = self.conns[slot].as_mut().expect("slot just taken from the pool");
+            c.req = Some(i);
+            c.written = 0;
+            if matches!(c.state, State::Idle) {
+                c.state = State::Busy;
+                self.out[i].sent_ns = Some(self.now_ns());
+                self.sent += 1;
+                self.write_some(slot);
+            }
+        }
+        false
+    }
+
+    fn connect(&mut self, target: usize) -> Option<usize> {
+        let stream = TcpStream::connect(self.targets[target]).ok()?;
+        let _ = stream.set_nodelay(true);
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.conns.len() - 1
+        });
+        let mut conn = Conn { stream, target, state: State::Connecting, req: None, written: 0, rbuf: Vec::new() };
+        if self
+            .poll
+            .registry()
+            .register(&mut conn.stream, Token(slot), Interest::READABLE | Interest::WRITABLE)
+            .is_err()
+        {
+            self.free_slots.push(slot);
+            return None;
+        }
+        self.conns[slot] = Some(conn);
+        self.live += 1;
+        Some(slot)
+    }
+
+    fn on_event(&mut self, slot: usize) {
+        let Some(c) = self.conns.get_mut(slot).and_then(Option::as_mut) else { return };
+        if matches!(c.state, State::Connecting) {
+            // mio's recipe: on readiness, a connect error shows in take_error;
+            // NotConnected from peer_addr means the handshake is still running.
+            if !matches!(c.stream.take_error(), Ok(None)) {
+                return self.drop_conn(slot, "connect");
+            }
+            match c.stream.peer_addr() {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::NotConnected => return,
+                Err(_) => return self.drop_conn(slot, "connect"),
+            }
+            c.state = State::Busy;
+            if let Some(i) = c.req {
+                self.out[i].sent_ns = Some(self.now_ns());
+                self.sent += 1;
+            }
+        }
+        self.write_some(slot);
+        self.read_some(slot);
+    }
+
+    fn write_some(&mut self, slot: usize) {
+        let Some(c) = self.conns[slot].as_mut() else { return };
+        let (State::Busy, Some(i)) = (&c.state, c.req) else { return };
+        let a = self.plan.arrivals[i];
+        let bytes = &self.plan.templates[self.plan.template_of[a.instance as usize][a.app as usize]].bytes;
+        while c.written < bytes.len() {
+            match c.stream.write(&bytes[c.written..]) {
+                Ok(0) => return self.drop_conn(slot, "reset"),
+                Ok(n) => c.written += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return self.drop_conn(slot, "reset"),
+            }
+        }
+    }
+
+    fn read_some(&mut self, slot: usize) {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let Some(c) = self.conns[slot].as_mut() else { return };
+            match c.stream.read(&mut buf) {
+                Ok(0) => return self.drop_conn(slot, "reset"),
+                Ok(n) => {
+                    c.rbuf.extend_from_slice(&buf[..n]);
+                    if !self.try_complete(slot) {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return self.drop_conn(slot, "reset"),
+            }
+        }
+    }
+
+    /// Completes the request in flight if its response is whole. Returns
+    /// false when the connection was dropped.
+    fn try_complete(&mut self, slot: usize) -> bool {
+        let Some(c) = self.conns[slot].as_mut() else { return false };
+        match parse_response(&c.rbuf) {
+            Ok(None) => true,
+            Err(_) => {
+                self.drop_conn(slot, "reset");
+                false
+            }
+            Ok(Some((resp, used))) => {
+                c.rbuf.drain(..used);
+                let Some(i) = c.req.take() else {
+                    // A response nobody asked for: the connection is confused.
+                    self.drop_conn(slot, "reset");
+                    return false;
+                };
+                let close = resp.close;
+                c.state = State::Idle;
+                let target = c.target;
+                let now = self.now_ns();
+                self.in_flight -= 1;
+                self.completed += 1;
+                if resp.error.is_some() {
+                    self.errors += 1;
+                }
+                self.second_latencies_ns.push(now.saturating_sub(self.plan.arrivals[i].at_ns));
+                self.out[i].done_ns = Some(now);
+                self.out[i].response = Some(resp);
+                if close {
+                    self.drop_conn(slot, "reset");
+                    false
+                } else {
+                    self.idle[target].push(slot);
+                    true
+                }
+            }
+        }
+    }
+
+    /// Closes a connection; its request in flight, if any, fails with `error`.
+    fn drop_conn(&mut self, slot: usize, error: &'static str) {
+        let Some(mut c) = self.conns[slot].take() else { return };
+        let _ = self.poll.registry().deregister(&mut c.stream);
+        self.idle[c.target].retain(|s| *s != slot);
+        self.free_slots.push(slot);
+        self.live -= 1;
+        if let Some(i) = c.req {
+            self.in_flight -= 1;
+            self.fail(i, error);
+        }
+    }
+
+    fn fail(&mut self, i: usize, error: &'static str) {
+        self.errors += 1;
+        self.completed += 1;
+        self.out[i].done_ns = Some(self.now_ns());
+        self.out[i].transport_error = Some(error);
+    }
+
+    fn time_out_the_rest(&mut self) {
+        for slot in 0..self.conns.len() {
+            if self.conns[slot].as_ref().is_some_and(|c| c.req.is_some()) {
+                self.drop_conn(slot, "timeout");
+            }
+        }
+        for i in self.next..self.plan.arrivals.len() {
+            self.fail(i, "timeout");
+            self.out[i].done_ns = None;
+        }
+        self.next = self.plan.arrivals.len();
+    }
+
+    fn progress(&mut self, now: u64) {
+        if !self.opts.progress {
+            return;
+        }
+        self.second_latencies_ns.sort_unstable();
+        let p99 =
+            percentile(&self.second_latencies_ns, 99.0).map_or("-".into(), |v| format!("{:.2} ms", v as f64 / 1e6));
+        eprintln!(
+            "[{:6.1}s] sent {}  completed {}  errors {}  in flight {}  connections {}  p99(last 1s) {p99}",
+            now as f64 / 1e9,
+            self.sent,
+            self.completed,
+            self.errors,
+            self.in_flight,
+            self.live
+        );
+        self.second_latencies_ns.clear();
+    }
+}
