@@ -13,6 +13,13 @@ def main(argv=None):
     c.add_argument("--out", help="output directory (default: <first run's parent>/compare-<timestamp>)")
     args = ap.parse_args(argv)
 
+    import os
+
+    for d in [args.run_dir] if args.cmd == "analyze" else args.run_dirs:
+        if not os.path.isfile(os.path.join(d, "run.json")):
+            print(f"error: {d} is not a run directory (no run.json); `staccato bench run` makes them",
+                  file=sys.stderr)
+            return 2
     from . import analyze as A  # imported late so --help works without numpy
 
     if args.cmd == "analyze":

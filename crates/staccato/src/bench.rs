@@ -31,6 +31,9 @@ pub enum BenchCmd {
     Compare {
         #[arg(required = true)]
         runs: Vec<PathBuf>,
+        /// Where to write the overlaid plots and compare.json.
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -85,8 +88,13 @@ pub fn run(cmd: BenchCmd, gateway: &str) -> Result<()> {
     match cmd {
         BenchCmd::Micro(a) => micro(a),
         BenchCmd::Run(a) => run_workload(a, gateway),
-        BenchCmd::Analyze { run } => analyzer("analyze", &[run]).map(drop),
-        BenchCmd::Compare { runs } => analyzer("compare", &runs).map(drop),
+        BenchCmd::Analyze { run } => analyzer_checked("analyze", &[run]),
+        BenchCmd::Compare { mut runs, out } => {
+            if let Some(out) = out {
+                runs.extend([PathBuf::from("--out"), out]);
+            }
+            analyzer_checked("compare", &runs)
+        }
     }
 }
 
@@ -127,6 +135,14 @@ fn run_workload(a: RunArgs, gateway: &str) -> Result<()> {
 
 /// `python3 -m staccato_analyzer VERB ARGS` with PYTHONPATH=<repo>/tools.
 /// Ok(false) when it ran and failed.
+/// Runs the analyzer and fails when it does.
+fn analyzer_checked(verb: &str, args: &[PathBuf]) -> Result<()> {
+    if !analyzer(verb, args)? {
+        bail!("the analyzer failed (see its output above)");
+    }
+    Ok(())
+}
+
 fn analyzer(verb: &str, args: &[PathBuf]) -> Result<bool> {
     let tools = find_repo()?.join("tools");
     if !tools.join("staccato_analyzer").is_dir() {
