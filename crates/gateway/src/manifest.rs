@@ -172,4 +172,41 @@ mod tests {
         let e = parse("functions: [", &base()).unwrap_err();
         assert!(e.line >= 1, "{e}");
     }
+
+    /// Manifests come from users: mutated and truncated ones must give an
+    /// error (with a line when it has one), never a panic.
+    #[test]
+    fn mutated_manifests_never_panic() {
+        let good = "version: 1\nfunctions:\n  a:\n    runtime: python\n    handler: m:f\n    min_workers: 1\n    \
+                    max_workers: 4\n    timeout: 2s\n    env: { K: v }\n  b:\n    runtime: c\n    handler: x.c\n";
+        let bytes = good.as_bytes();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let alphabet = b" :-{}[],\n\t'\"#&*!|>%@`0123456789abcxyz";
+        for _ in 0..3000 {
+            let mut m = bytes.to_vec();
+            for _ in 0..(next() % 4 + 1) {
+                if m.is_empty() {
+                    break;
+                }
+                let i = (next() % m.len() as u64) as usize;
+                match next() % 3 {
+                    0 => m[i] = alphabet[(next() % alphabet.len() as u64) as usize],
+                    1 => {
+                        m.remove(i);
+                    }
+                    _ => m.truncate(i.max(1)),
+                }
+            }
+            let text = String::from_utf8_lossy(&m);
+            if let Err(e) = parse(&text, &base()) {
+                assert!(!e.message.is_empty());
+            }
+        }
+    }
 }
