@@ -700,3 +700,11 @@ def test_missing_dependency_fails_the_deploy(server, tmp_path):
     assert p.returncode != 0
     assert "requirements.txt" in p.stderr and "staccato-no-such-package-7f3a" in p.stderr, p.stderr
     check_error(server.invoke("deps-missing"), 404, "not_found")
+
+
+def test_worker_that_replies_then_dies_is_replaced(server):
+    """A reply and the end of file can arrive in one readiness event; the
+    engine must still notice the death (or the next call goes to a corpse)."""
+    for _ in range(5):
+        r = server.invoke("exit-after", b"", timeout=10)
+        assert ok_body(r) == b"bye", r

@@ -42,6 +42,9 @@ fn expire(shared: &Shared) {
         let timeout_ms = (rec.deadline_us.saturating_sub(rec.recv_unix_us) + 500) / 1000;
         let msg = match rec.worker {
             Some((worker_id, pid)) => {
+                // Before the kill: its reply may still arrive, and the
+                // worker must not be handed the next call meanwhile.
+                lock(&func.core).sched.abandon(worker_id);
                 let _ = ipc::kill(pid);
                 format!(
                     "function {} did not finish within {timeout_ms} ms; worker {worker_id} was recycled",

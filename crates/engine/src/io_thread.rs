@@ -82,7 +82,9 @@ impl IoThread {
             for ev in events.iter() {
                 match ev.token() {
                     WAKER => self.drain_mailbox(),
-                    t => self.on_ready(t, ev.is_readable() || ev.is_read_closed(), ev.is_writable()),
+                    t => {
+                        self.on_ready(t, ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed())
+                    }
                 }
             }
             let now = ipc::monotonic_ns();
@@ -163,7 +165,7 @@ impl IoThread {
         Some(e)
     }
 
-    fn on_ready(&mut self, t: Token, readable: bool, writable: bool) {
+    fn on_ready(&mut self, t: Token, readable: bool, writable: bool, hung_up: bool) {
         match self.entries.get(&t) {
             Some(Entry::Conn(_)) => {
                 if writable {
@@ -173,14 +175,18 @@ impl IoThread {
                     self.read_conn(t);
                 }
             }
-            Some(Entry::Chan(_)) => self.read_chan(t),
+            Some(Entry::Chan(_)) => self.read_chan(t, hung_up),
             None => {}
         }
     }
 
     // ---- worker and launcher channels ----
 
-    fn read_chan(&mut self, t: Token) {
+    /// `hung_up`: the event also reported the writer gone. Registrations are
+    /// edge-triggered and `fill` stops at a short read, so a peer that
+    /// writes its last message and dies produces one event carrying both;
+    /// no later event would report the end of file.
+    fn read_chan(&mut self, t: Token, hung_up: bool) {
         let Some(Entry::Chan(c)) = self.entries.get_mut(&t) else { return };
         let status = c.reader.fill(&c.rx);
         let (func, worker_id) = (c.func.clone(), c.worker_id);
@@ -188,7 +194,7 @@ impl IoThread {
         while let Some(m) = c.reader.next_message() {
             msgs.push(m);
         }
-        let mut closed = !matches!(status, Ok(ReadStatus::Drained));
+        let mut closed = hung_up || !matches!(status, Ok(ReadStatus::Drained));
         for m in msgs {
             if let Err(e) = self.on_message(&func, worker_id, m) {
                 log::error!("{}: channel {worker_id}: {e}; closing it", func.spec.name);
@@ -240,8 +246,12 @@ impl IoThread {
         let (dropped, never_ready) = {
             let mut core = lock(&func.core);
             let never_ready = core.launcher.state == LauncherState::Starting;
+            // Under the lock: once `Down` is visible, another thread may
+            // start a new launcher whose FIFOs have these names.
+            ipc::EngineChannel::remove_files(&func.dir, 0);
             core.launcher.state = LauncherState::Down;
             core.launcher.tx = None;
+            core.launcher.pid = 0;
             if never_ready {
                 core.launcher.failed_at = Some(std::time::Instant::now());
                 core.launcher.last_error = crate::supervisor::log_tail(&func.log_path);
@@ -252,7 +262,6 @@ impl IoThread {
             }
             (dropped, never_ready)
         };
-        ipc::EngineChannel::remove_files(&func.dir, 0);
         for worker_id in dropped {
             // Only its reader thread holds it; the others ignore the command.
             for i in 0..self.shared.mailboxes.len() {
@@ -293,7 +302,13 @@ impl IoThread {
 
     fn on_result(&mut self, func: &Arc<Function>, worker_id: u32, h: &Header, m: &Message) {
         let call_id = h.call_id;
-        let outcome = if h.kind == Kind::Completion {
+        let max = self.shared.cfg.payload_len_max;
+        let outcome = if h.kind == Kind::Completion && h.payload_len as usize > max {
+            // Runtimes enforce the limit themselves; this guards the frames.
+            ipc::shm::remove(&func.dir, &shm_file_name(call_id, Kind::Completion));
+            let msg = format!("output of {} bytes exceeds the {max}-byte limit", h.payload_len);
+            Outcome::Err(ErrorKind::PayloadTooLarge, msg)
+        } else if h.kind == Kind::Completion {
             Outcome::Ok(if h.in_shm() {
                 Payload::Shm(h.payload_len as usize)
             } else {
@@ -365,6 +380,18 @@ impl IoThread {
         let Some(callee) = self.shared.function(&name) else {
             return reject(ErrorKind::NotFound, format!("no function named {name:?}"));
         };
+        let now_us = ipc::unix_us();
+        let mut deadline_us = now_us + callee.spec.timeout_ms * 1000;
+        if h.deadline_us != 0 {
+            deadline_us = deadline_us.min(h.deadline_us);
+        }
+        if deadline_us <= now_us {
+            return reject(ErrorKind::Timeout, "the caller's deadline has already passed".into());
+        }
+        if lock(&self.shared.calls).contains_key(&h.call_id) {
+            return reject(ErrorKind::BadRequest, format!("call id {:016x} is already in flight", h.call_id));
+        }
+        // Checks above, the move below: `reject` cleans the caller's directory.
         let max = self.shared.cfg.payload_len_max;
         let input = if h.in_shm() {
             let len = h.payload_len as usize;
@@ -382,17 +409,6 @@ impl IoThread {
         } else {
             Payload::Bytes(inline[name_len..].to_vec())
         };
-        let now_us = ipc::unix_us();
-        let mut deadline_us = now_us + callee.spec.timeout_ms * 1000;
-        if h.deadline_us != 0 {
-            deadline_us = deadline_us.min(h.deadline_us);
-        }
-        if deadline_us <= now_us {
-            return reject(ErrorKind::Timeout, "the caller's deadline has already passed".into());
-        }
-        if lock(&self.shared.calls).contains_key(&h.call_id) {
-            return reject(ErrorKind::BadRequest, format!("call id {:016x} is already in flight", h.call_id));
-        }
         let rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, h.parent_call_id, deadline_us);
         self.submit(h.call_id, rec);
     }

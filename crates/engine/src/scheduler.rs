@@ -233,6 +233,33 @@ impl Scheduler {
         ids
     }
 
+    /// Workers asked for more than `max_ns` ago that never said hello (their
+    /// launcher could not fork, or the request was lost): forget them, so
+    /// the pool can ask again. Returns their ids.
+    pub fn expire_starting(&mut self, now_ns: u64, max_ns: u64) -> Vec<u32> {
+        let ids: Vec<u32> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.state == WorkerState::Starting && now_ns.saturating_sub(w.idle_since_ns) > max_ns)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            self.workers.remove(id);
+        }
+        ids
+    }
+
+    /// The call running on `id` is over without a reply (it timed out and
+    /// the worker is being killed): the worker must get nothing new.
+    pub fn abandon(&mut self, id: u32) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            if matches!(w.state, WorkerState::Busy(_)) {
+                w.state = WorkerState::Stopping;
+                self.running -= 1;
+            }
+        }
+    }
+
     /// Idle workers to stop now, marked `Stopping`: only those idle for at
     /// least `idle_min_ns`.
     pub fn surplus(&mut self, now_ns: u64, idle_min_ns: u64) -> Vec<u32> {
@@ -394,6 +421,31 @@ mod tests {
         assert_eq!(s.remove_worker(other), Removed::Unknown);
         // The pool is empty again: replacements up to min_workers.
         assert_eq!(s.workers_to_create(0), 1);
+    }
+
+    #[test]
+    fn starting_workers_expire_and_are_asked_for_again() {
+        let mut s = Scheduler::new(1, 2, 1e-3);
+        s.worker_starting(1, 0, 0);
+        assert_eq!(s.workers_to_create(0), 0);
+        assert!(s.expire_starting(MS, 5000 * MS).is_empty());
+        assert_eq!(s.expire_starting(6000 * MS, 5000 * MS), vec![1]);
+        assert_eq!(s.workers_to_create(6000 * MS), 1);
+        assert!(!s.worker_ready(1, 6000 * MS)); // a late hello is refused
+    }
+
+    #[test]
+    fn abandoned_worker_gets_no_new_calls() {
+        let mut s = Scheduler::new(1, 2, 1e-3);
+        ready_pool(&mut s, 1);
+        s.enqueue(7, 0);
+        let (_, w) = s.next_dispatch(0, 0).expect("dispatch");
+        s.abandon(w);
+        assert_eq!(s.running(), 0);
+        assert!(!s.complete(w, 7, 0, 0)); // its late reply does not make it idle
+        s.enqueue(8, 0);
+        assert_eq!(s.next_dispatch(0, 0), None);
+        assert_eq!(s.remove_worker(w), Removed::Expected);
     }
 
     #[test]

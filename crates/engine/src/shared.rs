@@ -64,6 +64,10 @@ pub(crate) struct Launcher {
     pub last_error: String,
 }
 
+/// A worker that has not said hello this long after it was asked for is
+/// given up on (its launcher failed to start it).
+pub(crate) const WORKER_START_MAX_NS: u64 = 5_000_000_000;
+
 /// A worker must have been idle this long before the pool may shrink by it.
 pub(crate) const WORKER_IDLE_MIN_NS: u64 = 1_000_000_000;
 
@@ -205,7 +209,20 @@ impl Shared {
         let func = rec.func.clone();
         let now = rec.recv_ns;
         lock(&self.calls).insert(call_id, rec);
-        lock(&func.core).sched.enqueue(call_id, now);
+        let removed = {
+            let mut core = lock(&func.core);
+            if !core.removed {
+                core.sched.enqueue(call_id, now);
+            }
+            core.removed
+        };
+        if removed {
+            // Removed between the caller's lookup and now: answer at once.
+            let mut replies = Vec::new();
+            let msg = format!("function {} was removed", func.spec.name);
+            self.fail_call(call_id, ErrorKind::NotFound, msg, &mut replies);
+            return replies;
+        }
         self.pump(&func, cur)
     }
 
@@ -293,6 +310,15 @@ impl Shared {
                         Err(e) => log::error!("{}: creating channel {worker_id}: {e}", func.spec.name),
                     }
                 }
+                if housekeeping {
+                    for worker_id in core.sched.expire_starting(now, WORKER_START_MAX_NS) {
+                        log::warn!("{}: worker {worker_id} never started; asking again", func.spec.name);
+                        core.workers.remove(&worker_id);
+                        for t in 0..self.mailboxes.len() {
+                            self.post(t, Cmd::DropChannel { func: func.clone(), worker_id });
+                        }
+                    }
+                }
                 let surplus = if housekeeping { core.sched.surplus(now, WORKER_IDLE_MIN_NS) } else { Vec::new() };
                 for worker_id in surplus {
                     if let Some(h) = core.workers.get(&worker_id) {
@@ -330,6 +356,7 @@ impl Shared {
                         header.flags = FLAG_PAYLOAD_IN_SHM;
                         header.payload_len = b.len() as u32;
                         if let Err(e) = ipc::shm::write(&func.dir, &shm_file_name(call_id, Kind::Dispatch), &b) {
+                            self.dispatch_failed(func, header.worker_id, false);
                             self.fail_call(
                                 call_id,
                                 ErrorKind::Internal,
@@ -349,8 +376,9 @@ impl Shared {
                 header.send_ts_ns = ipc::monotonic_ns();
                 let msg = Message::new(&header, inline.as_deref().unwrap_or(&[]));
                 if let Err(e) = ipc::write_message(&tx, &msg) {
-                    // The worker is not reading (a full pipe) or gone; its
-                    // channel closing will clean up, this call fails now.
+                    // The worker is not reading (a full pipe): it cannot be
+                    // trusted with calls; recycle it. This call fails now.
+                    self.dispatch_failed(func, header.worker_id, true);
                     self.fail_call(call_id, ErrorKind::WorkerCrashed, format!("dispatching to worker: {e}"), replies);
                 }
             }
@@ -370,6 +398,20 @@ impl Shared {
                 let _ = ipc::write_message(&tx, &Message::new(&h, &[]));
             }
             Action::Fail { call_id, kind, message } => self.fail_call(call_id, kind, message, replies),
+        }
+    }
+
+    /// A dispatch never reached worker `worker_id`: undo its reservation
+    /// (it would otherwise stay busy forever), and with `kill` recycle it.
+    fn dispatch_failed(&self, func: &Function, worker_id: u32, kill: bool) {
+        let mut core = lock(&func.core);
+        if kill {
+            core.sched.abandon(worker_id);
+            if let Some(pid) = core.workers.get(&worker_id).map(|w| w.pid).filter(|p| *p != 0) {
+                let _ = ipc::kill(pid);
+            }
+        } else {
+            core.sched.unreserve(worker_id);
         }
     }
 

@@ -245,6 +245,7 @@ impl Supervisor {
             }
             core.launcher.state = LauncherState::Down;
             core.launcher.tx = None;
+            core.launcher.pid = 0;
             core.launcher.failed_at = Some(Instant::now());
             core.launcher.last_error = log_tail(&f.log_path);
         }

@@ -180,7 +180,17 @@ fn park() -> ! {
     }
 }
 
+/// Payloads travel in gateway–engine frames, whose bodies are bounded.
+fn check_payload_max(c: &CommonArgs) -> Result<()> {
+    let limit = wire::frame::FRAME_BODY_LEN_MAX - (64 << 10);
+    if c.payload_max == 0 || c.payload_max > limit {
+        bail!("--payload-max must be between 1 and {limit} bytes, got {}", c.payload_max);
+    }
+    Ok(())
+}
+
 fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str) -> Result<(SocketAddr, PathBuf)> {
+    check_payload_max(c)?;
     let runtimes = find_runtimes(e.runtimes_dir.clone())?;
     let ipc_dir = e.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(default_ipc));
     // Leftovers of an earlier run (FIFOs, payload files) mean nothing now.
@@ -203,6 +213,7 @@ fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str)
 }
 
 fn start_gateway(c: &CommonArgs, g: &GatewayArgs, engine: SocketAddr, state: &Path) -> Result<gateway::Gateway> {
+    check_payload_max(c)?;
     let cfg = gateway::GatewayConfig {
         listen: g.listen,
         engine,
