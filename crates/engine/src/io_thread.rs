@@ -233,6 +233,7 @@ impl IoThread {
         {
             let mut core = lock(&func.core);
             core.launcher.state = LauncherState::Ready;
+            core.launcher.ready_at = Some(std::time::Instant::now());
             core.launcher.pid = pid;
             core.launcher.failed_at = None;
             core.launcher.last_error.clear();
@@ -252,10 +253,15 @@ impl IoThread {
             core.launcher.state = LauncherState::Down;
             core.launcher.tx = None;
             core.launcher.pid = 0;
-            if never_ready {
+            // A launcher that dies soon after starting is in a crash loop:
+            // back off as for one that never started, instead of forking
+            // a new one at once, again and again.
+            let crashed_young = core.launcher.ready_at.is_some_and(|t| t.elapsed() < crate::shared::LAUNCH_RETRY);
+            if never_ready || crashed_young {
                 core.launcher.failed_at = Some(std::time::Instant::now());
                 core.launcher.last_error = crate::supervisor::log_tail(&func.log_path);
             }
+            core.launcher.ready_at = None;
             let dropped = core.sched.drop_starting();
             for id in &dropped {
                 core.workers.remove(id);

@@ -74,7 +74,11 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
 
 fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
+        let Ok(stream) = stream else {
+            // Out of fds (EMFILE) or similar: don't spin; let others finish.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
         let s = shared.clone();
         // A slow or silent peer must not hold up the next connection.
         let _ = std::thread::Builder::new().name("engine-hello".into()).spawn(move || {

@@ -60,6 +60,8 @@ pub(crate) struct Launcher {
     pub pid: u32,
     /// The I/O thread reading the launcher's channel.
     pub owner: usize,
+    /// When it said hello, to tell a crash loop from a rare crash.
+    pub ready_at: Option<Instant>,
     pub failed_at: Option<Instant>,
     pub last_error: String,
 }
@@ -539,7 +541,15 @@ impl TraceRecord {
 
 impl Launcher {
     pub fn down() -> Launcher {
-        Launcher { state: LauncherState::Down, tx: None, pid: 0, owner: 0, failed_at: None, last_error: String::new() }
+        Launcher {
+            state: LauncherState::Down,
+            tx: None,
+            pid: 0,
+            owner: 0,
+            ready_at: None,
+            failed_at: None,
+            last_error: String::new(),
+        }
     }
 }
 

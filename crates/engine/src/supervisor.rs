@@ -261,14 +261,16 @@ impl Supervisor {
     }
 
     fn trace(&self, function: Option<&str>, limit: usize) -> Value {
-        let ring = lock(&self.shared.traces);
-        let recs: Vec<Value> = ring
+        // Copy under the lock, format outside it: every completing call on
+        // the I/O threads takes this lock.
+        let picked: Vec<_> = lock(&self.shared.traces)
             .iter()
             .rev()
             .filter(|t| function.is_none_or(|f| t.function.spec.name == f))
             .take(limit)
-            .map(|t| t.to_json())
+            .cloned()
             .collect();
+        let recs: Vec<Value> = picked.iter().map(|t| t.to_json()).collect();
         json!({ "traces": recs })
     }
 }

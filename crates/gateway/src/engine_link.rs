@@ -63,9 +63,17 @@ impl EngineLink {
         let (tx, rx) = oneshot::channel();
         self.pending.borrow_mut().insert(call_id, tx);
         self.send(&call_frame(call_id, timeout_ms, name, input));
-        match rx.await {
-            Ok(r) => r,
-            Err(_) => Reply::Err(ErrorKind::EngineUnavailable, "engine connection lost".into(), Timing::default()),
+        // The engine answers every call by its deadline; this only guards
+        // against a wedged engine: the longest timeout a function may have
+        // (or the caller's own), plus slack.
+        let limit_ms = if timeout_ms > 0 { u64::from(timeout_ms) } else { 15 * 60 * 1000 };
+        match tokio::time::timeout(Duration::from_millis(limit_ms + 5_000), rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Reply::Err(ErrorKind::EngineUnavailable, "engine connection lost".into(), Timing::default()),
+            Err(_) => {
+                self.pending.borrow_mut().remove(&call_id);
+                Reply::Err(ErrorKind::EngineUnavailable, "engine did not answer in time".into(), Timing::default())
+            }
         }
     }
 
