@@ -257,9 +257,17 @@ impl IoThread {
             // back off as for one that never started, instead of forking
             // a new one at once, again and again.
             let crashed_young = core.launcher.ready_at.is_some_and(|t| t.elapsed() < crate::shared::LAUNCH_RETRY);
-            if never_ready || crashed_young {
+            core.launcher.quick_crashes = if crashed_young { core.launcher.quick_crashes + 1 } else { 0 };
+            if never_ready {
                 core.launcher.failed_at = Some(std::time::Instant::now());
                 core.launcher.last_error = crate::supervisor::log_tail(&func.log_path);
+            } else if core.launcher.quick_crashes >= crate::shared::CRASH_LOOP_AFTER {
+                core.launcher.failed_at = Some(std::time::Instant::now());
+                core.launcher.last_error = format!(
+                    "it keeps exiting right after it starts ({} times in a row); its log:\n{}",
+                    core.launcher.quick_crashes,
+                    crate::supervisor::log_tail(&func.log_path)
+                );
             }
             core.launcher.ready_at = None;
             let dropped = core.sched.drop_starting();

@@ -62,6 +62,8 @@ pub(crate) struct Launcher {
     pub owner: usize,
     /// When it said hello, to tell a crash loop from a rare crash.
     pub ready_at: Option<Instant>,
+    /// Launchers in a row that died within `LAUNCH_RETRY` of their hello.
+    pub quick_crashes: u32,
     pub failed_at: Option<Instant>,
     pub last_error: String,
 }
@@ -75,6 +77,10 @@ pub(crate) const WORKER_IDLE_MIN_NS: u64 = 1_000_000_000;
 
 /// A launcher that died before saying hello is retried no sooner than this.
 pub(crate) const LAUNCH_RETRY: Duration = Duration::from_secs(1);
+
+/// This many quick crashes in a row is a crash loop: back off like a
+/// launcher that cannot start, instead of forking a new one each time.
+pub(crate) const CRASH_LOOP_AFTER: u32 = 3;
 
 /// Where a call came from, i.e. where its result goes.
 pub(crate) enum Origin {
@@ -547,6 +553,7 @@ impl Launcher {
             pid: 0,
             owner: 0,
             ready_at: None,
+            quick_crashes: 0,
             failed_at: None,
             last_error: String::new(),
         }
