@@ -192,12 +192,9 @@ impl Row {
         Row { name: name.into(), mode: mode.into(), samples_ns, rate: None }
     }
 
+    /// Nearest rank, the definition `bench run` and the analyzer use too.
     fn pct_us(&self, p: f64) -> f64 {
-        if self.samples_ns.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((p / 100.0) * (self.samples_ns.len() - 1) as f64).round() as usize;
-        self.samples_ns[i] as f64 / 1000.0
+        loadgen::stats::percentile(&self.samples_ns, p).map_or(f64::NAN, |ns| ns as f64 / 1000.0)
     }
 
     fn to_json(&self) -> Value {
