@@ -9,6 +9,11 @@ dpkg -s libcjson-dev >/dev/null 2>&1 || need_apt+=(libcjson-dev)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+# Function containers (issue 4): runc, the static C library for the
+# container init, and iproute2 + nftables for isolated networks.
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> apt-get install ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
@@ -35,4 +40,8 @@ echo "==> building the Rust workspace (release)"
 cargo build --release --quiet
 echo "==> building the C runtime"
 make -s -C runtimes/c
+mkdir -p runtimes/container/build
+if [ runtimes/container/init.c -nt runtimes/container/build/staccato-init ]; then
+  cc -O2 -Wall -Wextra -static -o runtimes/container/build/staccato-init runtimes/container/init.c
+fi
 echo "==> ready: target/release/staccato"

@@ -72,7 +72,7 @@ def request(port, method, path, body=None, headers=None, timeout=10.0):
 class Server:
     """One `staccato up` process with its own state and IPC directories."""
 
-    def __init__(self, workdir, *, state_dir=None, token=None, port=None, argv=None):
+    def __init__(self, workdir, *, state_dir=None, token=None, port=None, argv=None, extra=()):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -82,6 +82,7 @@ class Server:
         self.log_path = self.workdir / f"staccato-{self.port}.log"
         self.proc = None
         self.argv = argv  # instead of `staccato up ...`
+        self.extra = list(extra)  # more `staccato up` options
 
     @property
     def gateway(self):
@@ -92,6 +93,7 @@ class Server:
                 "--ipc-dir", str(self.ipc_dir)]
         if self.token:
             args += ["--token", self.token]
+        args += self.extra
         if self.argv:
             args = self.argv
         self._log = open(self.log_path, "ab")
@@ -148,6 +150,11 @@ class Server:
         r = self.get(f"/system/functions/{name}")
         assert r.status == 200, r
         return r.json()
+
+    def container(self, name):
+        """The id of the function's container, or None (process isolation)."""
+        st = self.function(name)["status"]
+        return (st.get("container") or {}).get("id")
 
     def sched(self, name):
         st = self.function(name)["status"]
@@ -248,13 +255,40 @@ def manifest_names(path):
     return names
 
 
-def alive_pid(pid):
-    """The process exists and is not a zombie."""
+def alive_pid(pid, container=None):
+    """The process exists and is not a zombie. A pid a function reported
+    from inside a container is its PID namespace's number: pass the
+    container id (from the function's status) to look it up there."""
+    if container is not None:
+        pid = host_pid(container, pid)
+        if pid is None:
+            return False
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def container_pids(container):
+    """Host pids of every process in a function container."""
+    try:
+        text = Path(f"/sys/fs/cgroup/pids/staccato/{container}/cgroup.procs").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def host_pid(container, ns_pid):
+    for p in container_pids(container):
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:") and int(line.split()[-1]) == ns_pid:
+                return p
+    return None
 
 
 def max_overlap(intervals):

@@ -209,8 +209,9 @@ def test_pool_grows_under_burst_and_shrinks_when_idle(server):
     # Idle: λ decays to 1/silence, τ to 1, the pool to max(2τ, min_workers) = 2.
     s = wait_for(lambda: (lambda x: x if x["pool"] <= 2 else None)(server.sched(fn)), timeout=3.0)
     assert s, f"pool did not shrink within 3 s: {server.sched(fn)}"
-    live = wait_for(lambda: (lambda n: n if len(n) <= 2 else None)([p for p in pids if alive_pid(p)]), timeout=2.0)
-    assert live is not None, f"stopped workers still running: {[p for p in pids if alive_pid(p)]}"
+    c = server.container(fn)
+    live = wait_for(lambda: (lambda n: n if len(n) <= 2 else None)([p for p in pids if alive_pid(p, c)]), timeout=2.0)
+    assert live is not None, f"stopped workers still running: {[p for p in pids if alive_pid(p, c)]}"
     assert ok_body(server.invoke(fn, b"1"))
 
 
@@ -280,7 +281,7 @@ def test_error_worker_crash(server):
     assert [ok_body(r) for r in echoes] == [b"during crash 0", b"during crash 1"]
     # crash-c keeps answering, never from the dead worker, and gets back to 2 workers.
     pids = {int(ok_body(server.invoke("crash-c", b"hi")).split(b"=")[1]) for _ in range(6)}
-    assert dead_pid not in pids and not alive_pid(dead_pid), (dead_pid, pids)
+    assert dead_pid not in pids and not alive_pid(dead_pid, server.container("crash-c")), (dead_pid, pids)
     s = wait_for(lambda: (lambda x: x if x["pool"] == 2 else None)(server.sched("crash-c")), timeout=3.0)
     assert s, server.sched("crash-c")
     assert server.function("crash-c")["status"]["failed"] >= 1

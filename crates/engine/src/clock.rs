@@ -5,9 +5,9 @@
 //! microsecond scale. Deadlines are checked every `SCAN`, so a timeout fires
 //! up to that much late; that is fine for millisecond timeouts.
 
-use crate::shared::{lock, Cmd, Outcome, Shared};
+use crate::shared::{lock, Cmd, Function, LauncherState, Outcome, Shared};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use wire::ErrorKind;
 
 const SCAN: Duration = Duration::from_millis(2);
@@ -44,8 +44,10 @@ fn expire(shared: &Shared) {
             Some((worker_id, pid)) => {
                 // Before the kill: its reply may still arrive, and the
                 // worker must not be handed the next call meanwhile.
-                lock(&func.core).sched.abandon(worker_id);
-                let _ = ipc::kill(pid);
+                let mut core = lock(&func.core);
+                core.sched.abandon(worker_id);
+                core.kill(pid);
+                drop(core);
                 format!(
                     "function {} did not finish within {timeout_ms} ms; worker {worker_id} was recycled",
                     func.spec.name
@@ -61,11 +63,89 @@ fn expire(shared: &Shared) {
     }
 }
 
-/// Shrinks pools, retries launchers that failed, lets τ decay when idle.
+/// Shrinks pools, retries launchers that failed, lets τ decay when idle,
+/// pauses idle containers and destroys long-paused ones.
 fn housekeeping(shared: &Shared) {
     for f in shared.functions() {
         for r in shared.pump_with(&f, 0, true) {
             shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
         }
+        if let Some(cc) = &shared.cfg.containers {
+            reuse(shared, &f, cc);
+        }
+    }
+}
+
+/// How long a function's container may sit idle before it is paused, from
+/// Nuka's rule (§III.C, eq. 1): a container keeps up with its load while
+/// 1/(t_f + t_p) > Q/N, i.e. while its idle gap t_p stays under
+/// N/Q − t_f, with t_f the execution time, Q the call rate and N the
+/// replicas (here: workers). Idle for longer than that gap, plus half
+/// again for the load's jitter (Nuka sets it "slightly larger"), the load
+/// has dropped: pause. Clamped to configured bounds; with no calls seen yet
+/// the lower bound applies.
+pub(crate) fn pause_delay(rate_per_s: f64, processing_s: f64, replicas: usize, min: Duration, max: Duration) -> Duration {
+    if rate_per_s <= 0.0 || !rate_per_s.is_finite() {
+        return min;
+    }
+    let gap = replicas.max(1) as f64 / rate_per_s - processing_s;
+    Duration::from_secs_f64((1.5 * gap).max(0.0)).clamp(min, max)
+}
+
+fn reuse(shared: &Shared, f: &Function, cc: &crate::config::ContainerConfig) {
+    let now = ipc::monotonic_ns();
+    let mut core = lock(&f.core);
+    let Some(c) = core.launcher.container.clone() else { return };
+    if core.launcher.state != LauncherState::Ready {
+        return;
+    }
+    let st = core.sched.status(now);
+    if st.running > 0 || st.queued > 0 {
+        core.last_active_ns = now;
+        return;
+    }
+    match core.frozen_at {
+        None if cc.pause => {
+            let delay = pause_delay(st.rate_per_s, st.processing_ms / 1e3, st.pool, cc.pause_min, cc.pause_max);
+            let idle = Duration::from_nanos(now.saturating_sub(core.last_active_ns));
+            if idle >= delay {
+                match c.freeze() {
+                    Ok(()) => core.frozen_at = Some(Instant::now()),
+                    Err(e) => log::warn!("{}: pausing its container: {e}", f.spec.name),
+                }
+            }
+        }
+        Some(t) if t.elapsed() >= cc.keep_alive => {
+            // Return its memory: the next call starts it again from the pool.
+            log::info!("{}: paused for {:?}; destroying its container", f.spec.name, t.elapsed());
+            core.launcher.idle_destroyed = true;
+            core.thaw();
+            let pid = core.launcher.pid;
+            core.kill(pid);
+            let _ = shared;
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pause_delay;
+    use std::time::Duration;
+
+    #[test]
+    fn pause_delay_follows_nukas_rule() {
+        let (lo, hi) = (Duration::from_millis(50), Duration::from_secs(10));
+        // No calls yet: the lower bound.
+        assert_eq!(pause_delay(0.0, 0.0, 1, lo, hi), lo);
+        // 1 call/s, 10 ms each, one worker: gap 0.99 s, paused after ~1.485 s.
+        let d = pause_delay(1.0, 0.010, 1, lo, hi);
+        assert!((d.as_secs_f64() - 1.485).abs() < 1e-6, "{d:?}");
+        // Twice the workers for the same load: each waits twice as long.
+        assert!(pause_delay(1.0, 0.010, 2, lo, hi) > d);
+        // A busy function (gap under the bound) pauses at the bound...
+        assert_eq!(pause_delay(1000.0, 0.002, 1, lo, hi), lo);
+        // ...and a rare one no later than the upper bound.
+        assert_eq!(pause_delay(0.001, 0.0, 1, lo, hi), hi);
     }
 }

@@ -6,7 +6,9 @@
 //! Runs on the supervisor thread: compilers and package managers may take
 //! seconds and must never run on an I/O thread.
 
-use crate::config::EngineConfig;
+use crate::config::{
+    ContainerConfig, EngineConfig, CONTAINER_CODE, CONTAINER_DEPS, CONTAINER_PYTHON, CONTAINER_RUNTIMES,
+};
 use crate::spec::{FunctionSpec, Runtime};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,8 +18,6 @@ use std::process::{Command, Output};
 const NATIVE_LIBRARY: &str = "handler.so";
 /// The worker binary a Go function is built into.
 const GO_WORKER: &str = ".staccato-worker";
-/// Where Python dependencies are installed, inside the function's code.
-const PYTHON_DEPS: &str = ".deps";
 
 pub(crate) fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     fs::create_dir_all(to)?;
@@ -40,7 +40,8 @@ pub(crate) fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
 
 /// Builds and installs what the runtime needs. Errors are written for the
 /// person deploying: which file, which tool, and the tool's own output.
-pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) -> Result<(), String> {
+pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) -> Result<Deps, String> {
+    let mut deps = Deps::default();
     let handler = spec.handler_or_default();
     let need_file = |file: &str| {
         if code_dir.join(file).is_file() {
@@ -56,22 +57,29 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
                 return Err(format!("handler module {module}.py not found in {}", spec.source_dir.display()));
             }
             if code_dir.join("requirements.txt").is_file() {
-                let mut cmd = Command::new(&cfg.python);
-                cmd.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
-                    .arg(code_dir.join(PYTHON_DEPS))
-                    .args(["-r", "requirements.txt"]);
-                run(cmd.current_dir(code_dir), "installing requirements.txt")?;
+                let cache = open_cache(cfg)?;
+                let r = cache.python(Path::new(&cfg.python), &code_dir.join("requirements.txt"), &mut progress(spec))?;
+                deps.python = r.dirs;
+                deps.entries = r.entries;
+                deps.summary = summary(r.installed, r.cached);
             }
-            Ok(())
+            Ok(deps)
         }
         Runtime::Node => {
             need_file(handler.split(':').next().unwrap_or("handler.mjs"))?;
             if code_dir.join("package.json").is_file() {
-                let mut cmd = Command::new("npm");
-                cmd.args(["install", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error"]);
-                run(cmd.current_dir(code_dir), "installing package.json dependencies")?;
+                let cache = open_cache(cfg)?;
+                let r = cache.node(code_dir, &mut progress(spec))?;
+                let modules = r.dirs.first().cloned().ok_or("the package cache returned no node_modules")?;
+                // Node resolves packages by walking up from the handler: a
+                // link for plain processes; containers mount it at /node_modules.
+                std::os::unix::fs::symlink(&modules, code_dir.join("node_modules"))
+                    .map_err(|e| format!("linking node_modules: {e}"))?;
+                deps.node = Some(modules);
+                deps.entries = r.entries;
+                deps.summary = summary(r.installed, r.cached);
             }
-            Ok(())
+            Ok(deps)
         }
         Runtime::Go => {
             let script = cfg.runtimes_dir.join("go/build-function.sh");
@@ -80,7 +88,7 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
             }
             let mut cmd = Command::new("bash");
             cmd.arg(&script).arg(code_dir).arg(&handler).arg(code_dir.join(GO_WORKER));
-            run(&mut cmd, "building the Go function")
+            run(&mut cmd, "building the Go function").map(|()| deps)
         }
         Runtime::C | Runtime::Cpp => {
             need_file(&handler)?;
@@ -95,9 +103,50 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
                 c
             };
             cmd.arg("-I").arg(cfg.runtimes_dir.join("c/include")).arg(&handler).arg("-o").arg(NATIVE_LIBRARY);
-            run(cmd.current_dir(code_dir), &format!("compiling {handler}"))
+            run(cmd.current_dir(code_dir), &format!("compiling {handler}")).map(|()| deps)
         }
     }
+}
+
+/// A function's dependencies, from the package cache (Nuka §III.B).
+#[derive(Default, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Deps {
+    /// sys.path directories, one per distribution.
+    pub python: Vec<PathBuf>,
+    /// The node_modules tree.
+    pub node: Option<PathBuf>,
+    /// Cache entry ids, pinned while the function is deployed.
+    pub entries: Vec<String>,
+    /// For the person deploying: "2 installed, 1 from the cache".
+    #[serde(skip)]
+    pub summary: String,
+}
+
+/// Where a function's code directory records its dependencies.
+const DEPS_FILE: &str = ".staccato-deps.json";
+
+impl Deps {
+    pub fn save(&self, code_dir: &Path) -> Result<(), String> {
+        let text = serde_json::to_vec(self).map_err(|e| e.to_string())?;
+        fs::write(code_dir.join(DEPS_FILE), text).map_err(|e| format!("writing {DEPS_FILE}: {e}"))
+    }
+
+    pub fn load(code_dir: &Path) -> Deps {
+        fs::read(code_dir.join(DEPS_FILE)).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    }
+}
+
+pub(crate) fn open_cache(cfg: &EngineConfig) -> Result<pkgcache::Cache, String> {
+    pkgcache::Cache::open(&cfg.cache_dir, cfg.cache_budget_bytes)
+        .map_err(|e| format!("opening the package cache {}: {e}", cfg.cache_dir.display()))
+}
+
+fn progress(spec: &FunctionSpec) -> impl FnMut(&str) + '_ {
+    move |line: &str| log::info!("{}: {line}", spec.name)
+}
+
+fn summary(installed: usize, cached: usize) -> String {
+    format!("dependencies: {installed} installed, {cached} from the cache")
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
@@ -111,17 +160,77 @@ fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
     Err(format!("{what} failed:\n{}", lines[lines.len().saturating_sub(30)..].join("\n")))
 }
 
+/// Where a launcher finds things: the host's paths for a plain process, or
+/// the fixed places a function container mounts them at.
+pub(crate) struct View {
+    deps: Deps,
+    runtimes: PathBuf,
+    code: PathBuf,
+    python: PathBuf,
+    node: PathBuf,
+    inherit_pythonpath: bool,
+}
+
+impl View {
+    pub fn host(cfg: &EngineConfig, code_dir: &Path) -> View {
+        View {
+            deps: Deps::load(code_dir),
+            runtimes: cfg.runtimes_dir.clone(),
+            code: code_dir.to_path_buf(),
+            python: cfg.python.clone().into(),
+            node: "node".into(),
+            inherit_pythonpath: true,
+        }
+    }
+
+    pub fn container(cc: &ContainerConfig, code_dir: &Path) -> View {
+        let exe = cc.python_exe.strip_prefix(&cc.python_prefix).unwrap_or(Path::new("bin/python3"));
+        let mut deps = Deps::load(code_dir);
+        // Mounted at /deps/<i> and /node_modules (see dep_mounts).
+        let hosts = std::mem::take(&mut deps.python);
+        deps.python = (0..hosts.len()).map(|i| Path::new(CONTAINER_DEPS).join(i.to_string())).collect();
+        View {
+            deps,
+            runtimes: CONTAINER_RUNTIMES.into(),
+            code: CONTAINER_CODE.into(),
+            python: Path::new(CONTAINER_PYTHON).join(exe),
+            // /usr is the host's, bound read-only.
+            node: sandbox::which("node").unwrap_or_else(|| "/usr/bin/node".into()),
+            inherit_pythonpath: false,
+        }
+    }
+
+    /// Read-only mounts of the function's cached dependencies: only those
+    /// it uses, never the whole cache.
+    pub fn dep_mounts(code_dir: &Path) -> Vec<sandbox::Mount> {
+        let deps = Deps::load(code_dir);
+        let mut m: Vec<sandbox::Mount> = deps
+            .python
+            .into_iter()
+            .enumerate()
+            .map(|(i, src)| sandbox::Mount { src, dst: Path::new(CONTAINER_DEPS).join(i.to_string()), read_only: true })
+            .collect();
+        if let Some(src) = deps.node {
+            m.push(sandbox::Mount { src, dst: "/node_modules".into(), read_only: true });
+        }
+        m
+    }
+}
+
 /// The command that starts a function's launcher (its working directory and
 /// the common `STACCATO_*` environment are set by the caller).
-pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) -> Result<Command, String> {
+pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, view: &View) -> Result<Command, String> {
+    let code_dir = &view.code;
     let mut cmd = match spec.runtime {
         Runtime::Python => {
-            let mut cmd = Command::new(&cfg.python);
+            let mut cmd = Command::new(&view.python);
             cmd.args(["-u", "-m", "staccato.launcher"]);
-            let mut path = cfg.runtimes_dir.join("python").into_os_string();
-            path.push(":");
-            path.push(code_dir.join(PYTHON_DEPS));
-            if let Some(old) = std::env::var_os("PYTHONPATH") {
+            let mut path = view.runtimes.join("python").into_os_string();
+            for d in &view.deps.python {
+                path.push(":");
+                path.push(d);
+            }
+            if let Some(old) = std::env::var_os("PYTHONPATH").filter(|_| view.inherit_pythonpath) {
                 path.push(":");
                 path.push(old);
             }
@@ -129,14 +238,15 @@ pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, code_dir
             cmd
         }
         Runtime::Node => {
-            let mut cmd = Command::new("node");
-            cmd.arg(cfg.runtimes_dir.join("node/launcher.mjs")).env("STACCATO_HANDLER", spec.handler_or_default());
+            let mut cmd = Command::new(&view.node);
+            cmd.arg(view.runtimes.join("node/launcher.mjs")).env("STACCATO_HANDLER", spec.handler_or_default());
             cmd
         }
-        Runtime::Go => Command::new(existing(code_dir.join(GO_WORKER), "Go worker binary")?),
+        Runtime::Go => Command::new(code_dir.join(GO_WORKER)),
         Runtime::C | Runtime::Cpp => {
-            let host = existing(cfg.runtimes_dir.join("c/build/staccato-c-host"), "C runtime host (run `make build`)")?;
-            let mut cmd = Command::new(host);
+            // Checked on the host: a container sees the same files elsewhere.
+            existing(cfg.runtimes_dir.join("c/build/staccato-c-host"), "C runtime host (run `make build`)")?;
+            let mut cmd = Command::new(view.runtimes.join("c/build/staccato-c-host"));
             cmd.env("STACCATO_HANDLER", code_dir.join(NATIVE_LIBRARY));
             cmd
         }

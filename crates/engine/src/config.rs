@@ -37,7 +37,37 @@ pub struct EngineConfig {
     pub python: String,
     /// How long a registration waits for the function's launcher to come up.
     pub launcher_ready_timeout_ms: u64,
+    /// Function containers, or None to run functions as plain processes.
+    pub containers: Option<ContainerConfig>,
+    /// The package cache (`staccato cache ls` reads `<state>/cache`).
+    pub cache_dir: PathBuf,
+    pub cache_budget_bytes: u64,
 }
+
+/// Container isolation (Nuka §III): the pool's settings and the reuse rule.
+#[derive(Clone, Debug)]
+pub struct ContainerConfig {
+    pub sandbox: sandbox::Settings,
+    /// The real interpreter behind `python` (pyenv's shim is a script that
+    /// would not work in a container) and the prefix bound to
+    /// [`CONTAINER_PYTHON`].
+    pub python_exe: PathBuf,
+    pub python_prefix: PathBuf,
+    /// Freeze a function's idle container (see `clock::pause_delay`).
+    pub pause: bool,
+    /// Bounds on the pause delay Nuka's rule computes.
+    pub pause_min: std::time::Duration,
+    pub pause_max: std::time::Duration,
+    /// A container paused this long is destroyed and its memory returned.
+    pub keep_alive: std::time::Duration,
+}
+
+/// Where things are inside a function container.
+pub const CONTAINER_RUNTIMES: &str = "/staccato/runtimes";
+pub const CONTAINER_PYTHON: &str = "/staccato/python";
+pub const CONTAINER_CODE: &str = "/code";
+pub const CONTAINER_IPC: &str = "/ipc";
+pub const CONTAINER_DEPS: &str = "/deps";
 
 impl EngineConfig {
     pub fn new(listen: SocketAddr, ipc_dir: PathBuf, state_dir: PathBuf, runtimes_dir: PathBuf) -> EngineConfig {
@@ -45,7 +75,7 @@ impl EngineConfig {
             listen,
             io_threads: ipc::cpus_allowed().len().clamp(1, 8),
             ipc_dir,
-            state_dir,
+            state_dir: state_dir.clone(),
             runtimes_dir,
             payload_len_max: wire::PAYLOAD_LEN_MAX_DEFAULT,
             ema_alpha: 1e-3,
@@ -54,6 +84,9 @@ impl EngineConfig {
             engine_spin_us: 30,
             python: "python3".into(),
             launcher_ready_timeout_ms: 15_000,
+            containers: None,
+            cache_dir: state_dir.join("cache"),
+            cache_budget_bytes: pkgcache::DEFAULT_BUDGET_BYTES,
         }
     }
 

@@ -270,6 +270,18 @@ impl IoThread {
                 );
             }
             core.launcher.ready_at = None;
+            if let Some(c) = core.launcher.container.take() {
+                // Everything left in it is killed when the pool cleans it; a
+                // container whose limit was hit is destroyed, not reused.
+                let oom = c.oom_since_start();
+                if oom {
+                    core.oom_at = Some(std::time::Instant::now());
+                }
+                core.frozen_at = None;
+                if let Some(pool) = &self.shared.pool {
+                    pool.give_back(c, !oom);
+                }
+            }
             let dropped = core.sched.drop_starting();
             for id in &dropped {
                 core.workers.remove(id);

@@ -15,7 +15,7 @@ mod shared;
 pub mod spec;
 mod supervisor;
 
-pub use config::{EngineConfig, Placement};
+pub use config::{ContainerConfig, EngineConfig, Placement};
 
 use shared::{Cmd, Mailbox, Shared, SupervisorCmd};
 use std::collections::HashMap;
@@ -29,6 +29,24 @@ use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 /// A running engine.
 pub struct Engine {
     pub addr: SocketAddr,
+    pool: Option<sandbox::Pool>,
+}
+
+impl Engine {
+    /// Destroys every function container (call before the process exits;
+    /// if it dies instead, each container's init sees its control FIFO
+    /// close and the kernel ends the container, and the next engine with
+    /// the same state directory removes what is left).
+    pub fn shutdown(&self) {
+        if let Some(p) = &self.pool {
+            p.shutdown();
+        }
+    }
+
+    /// The isolation pool, for benchmarks and tests.
+    pub fn pool(&self) -> Option<&sandbox::Pool> {
+        self.pool.as_ref()
+    }
 }
 
 /// Starts the engine's threads and returns once it accepts connections.
@@ -47,6 +65,10 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         polls.push(poll);
     }
     let cpus = ipc::cpus_allowed();
+    let pool = match &cfg.containers {
+        Some(cc) => Some(sandbox::Pool::new(cc.sandbox.clone()).map_err(io::Error::other)?),
+        None => None,
+    };
     let (sup_tx, sup_rx) = mpsc::channel();
     let shared = Arc::new(Shared {
         cpus,
@@ -58,6 +80,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         traces: Mutex::new(Default::default()),
         next_worker_id: AtomicU32::new(1),
         next_owner: AtomicUsize::new(0),
+        pool: pool.clone(),
     });
     for (i, poll) in polls.into_iter().enumerate() {
         let t = io_thread::IoThread::new(i, shared.clone(), poll);
@@ -69,7 +92,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
     std::thread::Builder::new().name("engine-clock".into()).spawn(move || clock::run(s))?;
     let s = shared.clone();
     std::thread::Builder::new().name("engine-accept".into()).spawn(move || accept_loop(s, listener))?;
-    Ok(Engine { addr })
+    Ok(Engine { addr, pool })
 }
 
 fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {

@@ -58,7 +58,24 @@ pub struct FunctionSpec {
     pub timeout_ms: u64,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The container's memory limit (swap included); the kernel kills a
+    /// function that goes beyond it and its callers get `out_of_memory`.
+    #[serde(default = "default_memory_bytes")]
+    pub memory_bytes: u64,
+    /// The container's process limit (a fork bomb stops here).
+    #[serde(default = "default_pids")]
+    pub pids: u32,
 }
+
+pub fn default_memory_bytes() -> u64 {
+    256 << 20
+}
+pub fn default_pids() -> u32 {
+    256
+}
+
+/// Below this a language runtime cannot even start.
+pub const MEMORY_MIN: u64 = 16 << 20;
 
 pub fn default_min_workers() -> u32 {
     1
@@ -143,6 +160,12 @@ impl FunctionSpec {
                 return Err(format!("invalid env variable name {k:?} (STACCATO_* is reserved)"));
             }
         }
+        if self.memory_bytes < MEMORY_MIN {
+            return Err(format!("memory must be at least 16Mi, got {} bytes", self.memory_bytes));
+        }
+        if !(8..=65536).contains(&self.pids) {
+            return Err(format!("pids must be between 8 and 65536, got {}", self.pids));
+        }
         if !self.source_dir.is_absolute() {
             return Err(format!("source_dir must be absolute, got {}", self.source_dir.display()));
         }
@@ -174,6 +197,8 @@ mod tests {
             max_workers: 4,
             timeout_ms: 1000,
             env: BTreeMap::new(),
+            memory_bytes: default_memory_bytes(),
+            pids: default_pids(),
         }
     }
 
@@ -194,5 +219,7 @@ mod tests {
         assert!(FunctionSpec { runtime: Runtime::Cpp, handler: "h.c".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { timeout_ms: 0, ..spec() }.validate().is_err());
         assert!(FunctionSpec { source_dir: "rel".into(), ..spec() }.validate().is_err());
+        assert!(FunctionSpec { memory_bytes: 1 << 20, ..spec() }.validate().unwrap_err().contains("16Mi"));
+        assert!(FunctionSpec { pids: 2, ..spec() }.validate().unwrap_err().contains("pids"));
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use wire::ErrorKind;
 
 pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
-    let mut sup = Supervisor { shared, children: Vec::new() };
+    let mut sup = Supervisor { shared, children: Vec::new(), contained: Vec::new() };
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
@@ -36,6 +36,8 @@ struct Supervisor {
     /// Launchers we started, to reap them and to notice one that dies
     /// before it even opens its channel (no end-of-file tells us then).
     children: Vec<(Child, Arc<Function>)>,
+    /// The same for launchers in containers, whose init reports their end.
+    contained: Vec<(Arc<sandbox::Container>, u32, Arc<Function>)>,
 }
 
 impl Supervisor {
@@ -68,7 +70,19 @@ impl Supervisor {
         let fn_state = cfg.state_dir.join("functions").join(&spec.name);
         let code_dir = fn_state.join(format!("{generation}"));
         crate::code::copy_dir(&spec.source_dir, &code_dir).map_err(|e| format!("copying source: {e}"))?;
-        crate::code::prepare(cfg, &spec, &code_dir)?;
+        let deps = crate::code::prepare(cfg, &spec, &code_dir).inspect_err(|_| {
+            let _ = fs::remove_dir_all(&code_dir);
+        })?;
+        deps.save(&code_dir)?;
+        if !deps.entries.is_empty() {
+            let cache = crate::code::open_cache(cfg)?;
+            cache.pin(&spec.name, &deps.entries).map_err(|e| format!("pinning dependencies: {e} (deploy again)"))?;
+            match cache.evict_to_budget() {
+                Ok(gone) if !gone.is_empty() => log::info!("package cache: evicted {} entries", gone.len()),
+                Ok(_) => {}
+                Err(e) => log::warn!("package cache eviction: {e}"),
+            }
+        }
         let logs = cfg.state_dir.join("logs");
         fs::create_dir_all(&logs).map_err(|e| format!("creating {}: {e}", logs.display()))?;
         let func = Arc::new(Function {
@@ -82,6 +96,9 @@ impl Supervisor {
                 removed: false,
                 completed: 0,
                 failed: 0,
+                frozen_at: None,
+                last_active_ns: 0,
+                oom_at: None,
             }),
             spec,
         });
@@ -101,7 +118,7 @@ impl Supervisor {
             let _ = fs::remove_dir_all(&old.code_dir);
         }
         log::info!("registered {} ({})", func.spec.name, func.spec.runtime.name());
-        Ok(json!({ "name": func.spec.name }))
+        Ok(json!({ "name": func.spec.name, "notes": deps.summary }))
     }
 
     fn wait_ready(&mut self, func: &Function) -> Result<(), String> {
@@ -137,6 +154,9 @@ impl Supervisor {
         match old {
             Some(f) => {
                 self.retire(&f, "function was removed");
+                if let Ok(cache) = crate::code::open_cache(&self.shared.cfg) {
+                    let _ = cache.unpin(name);
+                }
                 let _ = fs::remove_dir_all(f.code_dir.parent().unwrap_or(&f.code_dir));
                 Ok(json!({ "name": name }))
             }
@@ -147,14 +167,16 @@ impl Supervisor {
     /// Stops a function for good: queued calls fail, its processes are
     /// killed (running calls then fail as their workers' channels close).
     fn retire(&mut self, f: &Arc<Function>, why: &str) {
-        let (queued, pids) = {
+        let (queued, pids, container) = {
             let mut core = lock(&f.core);
             core.removed = true;
             let mut pids: Vec<u32> = core.workers.values().map(|w| w.pid).filter(|p| *p != 0).collect();
             if core.launcher.pid != 0 {
                 pids.push(core.launcher.pid);
             }
-            (core.sched.drain_queue(), pids)
+            core.thaw();
+            let container = core.launcher.container.take();
+            (core.sched.drain_queue(), pids, container)
         };
         let mut replies = Vec::new();
         for call_id in queued {
@@ -163,8 +185,14 @@ impl Supervisor {
         for r in replies {
             self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
         }
-        for pid in pids {
-            let _ = ipc::kill(pid);
+        match (container, &self.shared.pool) {
+            // Cleaning it kills everything inside.
+            (Some(c), Some(pool)) => pool.give_back(c, true),
+            _ => {
+                for pid in pids {
+                    let _ = ipc::kill(pid);
+                }
+            }
         }
         let _ = fs::remove_dir_all(&f.dir);
     }
@@ -191,12 +219,16 @@ impl Supervisor {
         let cfg = &self.shared.cfg;
         fs::create_dir_all(f.dir.join("shm")).map_err(|e| format!("creating {}: {e}", f.dir.display()))?;
         let ch = ipc::EngineChannel::create(&f.dir, 0).map_err(|e| format!("creating launcher channel: {e}"))?;
+        if let (Some(pool), Some(cc)) = (self.shared.pool.clone(), cfg.containers.clone()) {
+            return self.spawn_in_container(f, ch, pool, &cc);
+        }
         let log = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&f.log_path)
             .map_err(|e| format!("opening {}: {e}", f.log_path.display()))?;
-        let mut cmd = crate::code::launcher_command(cfg, &f.spec, &f.code_dir)?;
+        let view = crate::code::View::host(cfg, &f.code_dir);
+        let mut cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
         cmd.envs(&f.spec.env)
             .env("STACCATO_FUNCTION", &f.spec.name)
             .env("STACCATO_IPC_DIR", &f.dir)
@@ -221,7 +253,99 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Starts the launcher in a container from the isolation pool: no runc
+    /// command on this path (Nuka §III.A).
+    fn spawn_in_container(
+        &mut self,
+        f: &Arc<Function>,
+        ch: ipc::EngineChannel,
+        pool: sandbox::Pool,
+        cc: &crate::config::ContainerConfig,
+    ) -> Result<(), String> {
+        use crate::config::{CONTAINER_CODE, CONTAINER_IPC};
+        let cfg = &self.shared.cfg;
+        let c = pool.take()?;
+        let start = (|| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&f.log_path)
+                .map_err(|e| format!("opening {}: {e}", f.log_path.display()))?;
+            for d in [f.dir.clone(), f.dir.join("shm")] {
+                std::os::unix::fs::chown(&d, Some(c.uid), Some(c.uid))
+                    .map_err(|e| format!("chown {}: {e}", d.display()))?;
+            }
+            crate::shared::give_channel(&f.dir, 0, c.uid).map_err(|e| format!("chown channel 0: {e}"))?;
+            let view = crate::code::View::container(cc, &f.code_dir);
+            let cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
+            let mut env: Vec<(String, String)> = vec![
+                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+                ("HOME".into(), "/tmp".into()),
+                ("LANG".into(), "C.UTF-8".into()),
+            ];
+            env.extend(f.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            for (k, v) in cmd.get_envs() {
+                if let Some(v) = v {
+                    env.push((k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()));
+                }
+            }
+            env.push(("STACCATO_FUNCTION".into(), f.spec.name.clone()));
+            env.push(("STACCATO_IPC_DIR".into(), CONTAINER_IPC.into()));
+            env.push(("STACCATO_PAYLOAD_MAX".into(), cfg.payload_len_max.to_string()));
+            let spin = cfg.worker_spin_us_for(f.spec.runtime, self.shared.cpus.len());
+            env.push(("STACCATO_SPIN_US".into(), spin.to_string()));
+            if let Some(n) = &c.net {
+                env.push(("STACCATO_HOST_IP".into(), n.host_ip.to_string()));
+            }
+            let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
+            argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+            let mut mounts = vec![
+                sandbox::Mount { src: f.code_dir.clone(), dst: CONTAINER_CODE.into(), read_only: true },
+                sandbox::Mount { src: f.dir.clone(), dst: CONTAINER_IPC.into(), read_only: false },
+            ];
+            mounts.extend(crate::code::View::dep_mounts(&f.code_dir));
+            let limits =
+                sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: 1024 };
+            let s = sandbox::Start { mounts, limits, argv, env, cwd: CONTAINER_CODE.into(), log: f.log_path.clone() };
+            c.start(&s)
+        })();
+        let pid = match start {
+            Ok(pid) => pid,
+            Err(e) => {
+                pool.give_back(Arc::clone(&c), true);
+                return Err(e);
+            }
+        };
+        self.contained.push((c.clone(), pid, f.clone()));
+        {
+            let mut core = lock(&f.core);
+            core.launcher.state = LauncherState::Starting;
+            core.launcher.tx = Some(Arc::new(ch.tx));
+            core.launcher.pid = pid;
+            core.launcher.container = Some(c);
+            core.launcher.idle_destroyed = false;
+            core.oom_at = None;
+        }
+        let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % self.shared.mailboxes.len();
+        lock(&f.core).launcher.owner = owner;
+        self.shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
+        Ok(())
+    }
+
     fn reap(&mut self) {
+        // A contained launcher's end is reported by its container's init.
+        let mut exited = Vec::new();
+        self.contained.retain(|(c, pid, f)| {
+            let current = lock(&f.core).launcher.container.as_ref().is_some_and(|x| Arc::ptr_eq(x, c));
+            let ended = c.poll_status().iter().any(|l| l.starts_with(&format!("EXIT {pid} ")));
+            if ended && current {
+                exited.push((*pid, f.clone()));
+            }
+            current && !ended
+        });
+        for (pid, f) in exited {
+            self.launcher_exited(pid, &f);
+        }
         let mut exited = Vec::new();
         self.children.retain_mut(|(c, f)| match c.try_wait() {
             Ok(None) => true,
@@ -248,6 +372,9 @@ impl Supervisor {
             core.launcher.pid = 0;
             core.launcher.failed_at = Some(Instant::now());
             core.launcher.last_error = log_tail(&f.log_path);
+            if let (Some(c), Some(pool)) = (core.launcher.container.take(), &self.shared.pool) {
+                pool.give_back(c, true);
+            }
         }
         log::error!("{}: launcher exited before it was ready", f.spec.name);
         // Its channel never saw a writer, so no end-of-file will retire it.

@@ -206,6 +206,7 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
     };
     let mut deployed = Vec::new();
+    let mut notes = serde_json::Map::new();
     for spec in specs {
         if let Err(e) = spec.validate() {
             return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("function {}: {e}", spec.name), None);
@@ -221,6 +222,9 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
             Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
         };
         let registered = sh.control.request(json!({"op": "register", "spec": stored})).await;
+        if let Ok(Some(n)) = registered.as_ref().map(|v| v["notes"].as_str().filter(|n| !n.is_empty())) {
+            notes.insert(stored.name.clone(), json!(n));
+        }
         if let Err(e) = registered {
             let _ = std::fs::remove_dir_all(&stored.source_dir);
             return if e.contains("unreachable") {
@@ -235,7 +239,7 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         sh.prune_archives(&stored);
         deployed.push(stored.name.clone());
     }
-    json_resp(StatusCode::OK, &json!({ "deployed": deployed }))
+    json_resp(StatusCode::OK, &json!({ "deployed": deployed, "notes": notes }))
 }
 
 async fn remove(sh: &GwShared, name: &str) -> Resp {

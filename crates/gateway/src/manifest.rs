@@ -12,6 +12,8 @@
 //!     max_workers: 8
 //!     timeout: 5s              # 250ms, 5s, 2m, or a number of milliseconds
 //!     env: { GREETING: hi }
+//!     memory: 128Mi            # container memory limit (Ki, Mi, Gi or bytes)
+//!     pids: 64                 # container process limit
 //! ```
 //!
 //! Every error names the line it is about.
@@ -61,6 +63,10 @@ struct Entry {
     timeout: Option<serde_yaml::Value>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    memory: Option<serde_yaml::Value>,
+    #[serde(default = "spec::default_pids")]
+    pids: u32,
 }
 
 /// Parses a manifest; relative `source` paths are resolved against `base`.
@@ -85,6 +91,10 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<FunctionSpec>, ManifestError
             None => spec::default_timeout_ms(),
             Some(v) => parse_duration_ms(v).map_err(err)?,
         };
+        let memory_bytes = match &e.memory {
+            None => spec::default_memory_bytes(),
+            Some(v) => parse_size(v).map_err(err)?,
+        };
         let source = e.source.as_deref().unwrap_or(".");
         let dir = base.join(source);
         let source_dir = dir.canonicalize().map_err(|x| err(format!("source {}: {x}", dir.display())))?;
@@ -97,6 +107,8 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<FunctionSpec>, ManifestError
             max_workers: e.max_workers,
             timeout_ms,
             env: e.env,
+            memory_bytes,
+            pids: e.pids,
         };
         s.validate().map_err(err)?;
         out.push(s);
@@ -125,6 +137,22 @@ fn parse_duration_ms(v: &serde_yaml::Value) -> Result<u64, String> {
     Ok((n * mult).round() as u64)
 }
 
+/// `128Mi`, `1Gi`, `512Ki` (powers of 1024; `M`/`G`/`K` are read the same
+/// way, as in Kubernetes users' habits) or a number of bytes.
+fn parse_size(v: &serde_yaml::Value) -> Result<u64, String> {
+    if let Some(n) = v.as_u64() {
+        return Ok(n);
+    }
+    let s = v.as_str().ok_or_else(|| format!("memory must be a size like 128Mi, got {v:?}"))?.trim();
+    let units = [("Ki", 10), ("Mi", 20), ("Gi", 30), ("K", 10), ("M", 20), ("G", 30)];
+    let (num, shift) = units
+        .iter()
+        .find_map(|(u, sh)| s.strip_suffix(u).map(|n| (n, *sh)))
+        .unwrap_or((s, 0));
+    let n: u64 = num.trim().parse().map_err(|_| format!("memory {s:?} is not a size like 128Mi or 1Gi"))?;
+    n.checked_shl(shift).filter(|b| b >> shift == n).ok_or_else(|| format!("memory {s:?} is too large"))
+}
+
 /// The 1-based line where `needle` first starts a (trimmed) line; 0 if none.
 fn line_of(text: &str, needle: &str) -> usize {
     text.lines().position(|l| l.trim_start().starts_with(needle)).map_or(0, |i| i + 1)
@@ -146,6 +174,10 @@ mod tests {
         assert_eq!(specs[0].timeout_ms, 250);
         assert_eq!(specs[1].timeout_ms, 2000);
         assert_eq!(specs[1].runtime, Runtime::C);
+        assert_eq!(specs[0].memory_bytes, spec::default_memory_bytes());
+        let y = "functions:\n  a:\n    runtime: c\n    memory: 64Mi\n    pids: 32\n";
+        let specs = parse(y, &base()).expect("valid");
+        assert_eq!((specs[0].memory_bytes, specs[0].pids), (64 << 20, 32));
     }
 
     #[test]
@@ -168,6 +200,14 @@ mod tests {
         let e = parse(y, &base()).unwrap_err();
         assert_eq!(e.line, 2, "{e}");
         assert!(e.message.contains("soon"), "{e}");
+
+        let y = "functions:\n  a:\n    runtime: python\n    memory: lots\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert!(e.message.contains("lots"), "{e}");
+
+        let y = "functions:\n  a:\n    runtime: python\n    memory: 8Mi\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert!(e.message.contains("16Mi"), "{e}");
 
         let e = parse("functions: [", &base()).unwrap_err();
         assert!(e.line >= 1, "{e}");

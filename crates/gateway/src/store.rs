@@ -88,6 +88,8 @@ mod tests {
             max_workers: 2,
             timeout_ms: 10,
             env: Default::default(),
+            memory_bytes: 64 << 20,
+            pids: 32,
         };
         {
             let s = Store::open(&path).expect("open");

@@ -202,12 +202,21 @@ pub mod shm {
     }
 
     /// Moves a payload file from one function's directory to another's
-    /// (internal calls forward payloads without copying them).
+    /// (internal calls forward payloads without copying them). The file
+    /// then belongs to the receiving directory's owner: with containers,
+    /// each function runs as its own user and may read only its own files.
     pub fn forward(from_dir: &Path, to_dir: &Path, name: &str) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
         if from_dir == to_dir {
             return Ok(());
         }
-        std::fs::rename(path(from_dir, name), path(to_dir, name))
+        let dest = path(to_dir, name);
+        std::fs::rename(path(from_dir, name), &dest)?;
+        let owner = std::fs::metadata(to_dir.join("shm"))?;
+        if std::fs::metadata(&dest)?.uid() != owner.uid() {
+            std::os::unix::fs::chown(&dest, Some(owner.uid()), Some(owner.gid()))?;
+        }
+        Ok(())
     }
 
     pub fn remove(fn_dir: &Path, name: &str) {
@@ -430,5 +439,247 @@ mod tests {
         shm::write(&d, "b.i", b"hello").expect("write");
         assert_eq!(shm::take(&d, "b.i", 5).expect("take"), b"hello");
         let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+pub mod mount {
+    //! Mounts into a running container's mount namespace (Nuka §III.A: a
+    //! pooled container gets a function's code and channels without any
+    //! runc command). Uses the new mount API so a read-only bind is made
+    //! read-only while still detached and never appears writable.
+
+    use super::*;
+
+    // Syscall numbers of the mount API (the same on every architecture,
+    // from the unified table of Linux 5.2+).
+    const SYS_OPEN_TREE: libc::c_long = 428;
+    const SYS_MOVE_MOUNT: libc::c_long = 429;
+    const SYS_FSOPEN: libc::c_long = 430;
+    const SYS_FSCONFIG: libc::c_long = 431;
+    const SYS_FSMOUNT: libc::c_long = 432;
+    const SYS_MOUNT_SETATTR: libc::c_long = 442;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+
+    fn cstr(p: &Path) -> io::Result<CString> {
+        CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    }
+
+    fn check(rc: libc::c_long, what: &str) -> io::Result<libc::c_long> {
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+        }
+        Ok(rc)
+    }
+
+    /// A detached mount, ready to be attached in another namespace.
+    pub struct Detached {
+        fd: OwnedFd,
+        dst: CString,
+    }
+
+    /// A detached recursive bind of `src` to be attached at `dst`, already
+    /// nosuid+nodev, and read-only or noexec.
+    pub fn bind(src: &Path, dst: &Path, read_only: bool) -> io::Result<Detached> {
+        let c = cstr(src)?;
+        // SAFETY: open_tree reads the NUL-terminated path and returns a new fd
+        // (or -1); no memory is written.
+        let fd = unsafe {
+            libc::syscall(SYS_OPEN_TREE, libc::AT_FDCWD, c.as_ptr(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+        };
+        let fd = check(fd, &format!("open_tree {}", src.display()))?;
+        // SAFETY: open_tree succeeded; the fd is ours alone.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_NOSUID
+                | MOUNT_ATTR_NODEV
+                | if read_only { MOUNT_ATTR_RDONLY } else { MOUNT_ATTR_NOEXEC },
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        let empty = c"";
+        // SAFETY: mount_setattr reads `attr` (a live, correctly sized
+        // struct) and the empty path; it writes no memory of ours.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_MOUNT_SETATTR,
+                fd.as_raw_fd(),
+                empty.as_ptr(),
+                libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        check(rc, "mount_setattr")?;
+        Ok(Detached { fd, dst: cstr(dst)? })
+    }
+
+    /// A new tmpfs (nosuid, nodev, mode 1777) to be attached at `dst`.
+    pub fn tmpfs(dst: &Path, size_bytes: u64) -> io::Result<Detached> {
+        // SAFETY: fsopen reads a NUL-terminated name, returns a new fd.
+        let fs = check(unsafe { libc::syscall(SYS_FSOPEN, c"tmpfs".as_ptr(), 1u32 /* FSOPEN_CLOEXEC */) }, "fsopen tmpfs")?;
+        // SAFETY: fsopen succeeded; the fd is ours alone.
+        let fs = unsafe { OwnedFd::from_raw_fd(fs as RawFd) };
+        let size = CString::new(size_bytes.to_string()).expect("digits have no NUL");
+        for (k, v) in [(c"size", size.as_c_str()), (c"mode", c"1777")] {
+            // SAFETY: fsconfig reads the two NUL-terminated strings.
+            let rc = unsafe {
+                libc::syscall(SYS_FSCONFIG, fs.as_raw_fd(), FSCONFIG_SET_STRING, k.as_ptr(), v.as_ptr(), 0)
+            };
+            check(rc, "fsconfig")?;
+        }
+        // SAFETY: no pointers are passed.
+        let rc = unsafe {
+            libc::syscall(SYS_FSCONFIG, fs.as_raw_fd(), FSCONFIG_CMD_CREATE, std::ptr::null::<u8>(), std::ptr::null::<u8>(), 0)
+        };
+        check(rc, "fsconfig create")?;
+        let attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        // SAFETY: no pointers are passed; returns a new fd.
+        let m = check(unsafe { libc::syscall(SYS_FSMOUNT, fs.as_raw_fd(), 1u32 /* FSMOUNT_CLOEXEC */, attrs) }, "fsmount")?;
+        // SAFETY: fsmount succeeded; the fd is ours alone.
+        let fd = unsafe { OwnedFd::from_raw_fd(m as RawFd) };
+        Ok(Detached { fd, dst: cstr(dst)? })
+    }
+
+    /// In the mount namespace of `pid`: lazily unmounts every path of
+    /// `unmount` (missing ones are ignored), then attaches `attach` in
+    /// order. Runs in a forked child, because setns(CLONE_NEWNS) refuses a
+    /// multi-threaded caller and must not change the engine's namespace.
+    pub fn apply(pid: u32, unmount: &[PathBuf], attach: &[Detached]) -> io::Result<()> {
+        let ns = File::open(format!("/proc/{pid}/ns/mnt"))?;
+        let unmount: Vec<CString> = unmount.iter().map(|p| cstr(p)).collect::<io::Result<_>>()?;
+        let (mut r, w) = pipe()?;
+        // SAFETY: between fork and _exit the child only makes raw syscalls
+        // (setns, umount2, move_mount, write, _exit) on memory allocated
+        // before the fork; it never allocates, locks or unwinds, so the
+        // other threads' state it inherits is never touched.
+        let child = unsafe { libc::fork() };
+        if child < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if child == 0 {
+            // SAFETY: see above; every pointer refers to live pre-fork data.
+            unsafe {
+                let fail = |step: u8| -> ! {
+                    let err = *libc::__errno_location();
+                    let msg = [step, err as u8];
+                    libc::write(w.as_raw_fd(), msg.as_ptr().cast(), 2);
+                    libc::_exit(1)
+                };
+                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                    fail(0);
+                }
+                for p in &unmount {
+                    if libc::umount2(p.as_ptr(), libc::MNT_DETACH) != 0 {
+                        let err = *libc::__errno_location();
+                        if err != libc::EINVAL && err != libc::ENOENT {
+                            fail(1);
+                        }
+                    }
+                }
+                for (i, d) in attach.iter().enumerate() {
+                    let rc = libc::syscall(
+                        SYS_MOVE_MOUNT,
+                        d.fd.as_raw_fd(),
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        d.dst.as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    );
+                    if rc != 0 {
+                        fail(2 + i.min(250) as u8);
+                    }
+                }
+                libc::_exit(0)
+            }
+        }
+        drop(w);
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid int.
+        let rc = unsafe { libc::waitpid(child, &mut status, 0) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut msg = [0u8; 2];
+        if r.read_exact(&mut msg).is_ok() {
+            let err = io::Error::from_raw_os_error(msg[1] as i32);
+            let what = match msg[0] {
+                0 => "setns into the container".to_string(),
+                1 => "unmounting".to_string(),
+                i => format!("attaching {}", attach[(i - 2) as usize].dst.to_string_lossy()),
+            };
+            return Err(io::Error::new(err.kind(), format!("{what}: {err}")));
+        }
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            return Err(io::Error::other(format!("mount helper ended with status {status}")));
+        }
+        Ok(())
+    }
+}
+
+/// Sends `sig` to `pid` (which must be a single process, pid > 0).
+pub fn signal(pid: u32, sig: i32) -> io::Result<()> {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: kill has no memory effects; pid > 0 targets one process.
+    let rc = unsafe { libc::kill(pid as i32, sig) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The effective user id (containers need root to be made).
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() }
+}
+
+/// Blocks SIGTERM and SIGINT in the calling thread and every thread it
+/// starts afterwards, so that [`wait_termination`] can take them
+/// synchronously. Call first thing in `main`. (Children started with
+/// `std::process::Command` get a cleared mask.)
+pub fn block_termination_signals() {
+    // SAFETY: the sigset is initialised by sigemptyset before use, and
+    // pthread_sigmask only reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Waits for SIGTERM or SIGINT (blocked by [`block_termination_signals`]).
+pub fn wait_termination() -> i32 {
+    // SAFETY: as above; sigwait writes the signal number into `sig`.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let mut sig = 0;
+        while libc::sigwait(&set, &mut sig) != 0 {}
+        sig
     }
 }

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod cache_cmd;
 mod client;
 mod new;
 mod up;
@@ -94,6 +95,9 @@ enum Cmd {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// The local package cache of functions' Python and Node dependencies.
+    #[command(subcommand)]
+    Cache(cache_cmd::CacheCmd),
 }
 
 fn main() {
@@ -168,6 +172,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Bench(b) => bench::run(b, &cli.gateway),
+        Cmd::Cache(c) => cache_cmd::run(c),
     }
 }
 
@@ -213,7 +218,10 @@ fn deploy(c: &mut Client, path: &Path) -> Result<()> {
             .request("POST", "/system/functions", &body)
             .context("cannot reach the gateway (is `staccato up` running?)")?;
         match check(&r) {
-            Ok(_) => println!("ok ({:.2}s)", t.elapsed().as_secs_f64()),
+            Ok(v) => match v["notes"][&spec.name].as_str() {
+                Some(n) => println!("ok ({:.2}s; {n})", t.elapsed().as_secs_f64()),
+                None => println!("ok ({:.2}s)", t.elapsed().as_secs_f64()),
+            },
             Err(e) => {
                 println!("failed");
                 return Err(e);

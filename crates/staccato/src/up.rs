@@ -9,6 +9,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum IsolationArg {
+    /// Containers when this machine can make them (root, runc, cgroup v1),
+    /// else processes, with a line saying why.
+    Auto,
+    /// runc containers from the isolation pool; fail if impossible.
+    Container,
+    /// Plain processes (development; no isolation between functions).
+    Process,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum NetworkArg {
+    /// Share the host's network namespace (fastest).
+    Host,
+    /// A network namespace per container, joined to the host by veth + NAT;
+    /// host services on 127.0.0.1 are reachable at $STACCATO_HOST_IP.
+    Isolated,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum PlacementArg {
     /// I/O thread i, its workers and gateway thread i share CPU i.
@@ -59,6 +79,29 @@ pub struct EngineArgs {
     /// Python interpreter for Python functions.
     #[arg(long, default_value = "python3")]
     pub python: String,
+    /// How functions are isolated from each other and from the host.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub isolation: IsolationArg,
+    /// Containers the isolation pool keeps ready.
+    #[arg(long, default_value_t = 4)]
+    pub pool_size: usize,
+    /// Function containers' network.
+    #[arg(long, value_enum, default_value = "host")]
+    pub network: NetworkArg,
+    /// Never pause idle containers.
+    #[arg(long)]
+    pub no_pause: bool,
+    /// Bounds on the pause delay computed from Nuka's rule, in ms.
+    #[arg(long, default_value_t = 100)]
+    pub pause_min_ms: u64,
+    #[arg(long, default_value_t = 10_000)]
+    pub pause_max_ms: u64,
+    /// Seconds a paused container is kept before it is destroyed.
+    #[arg(long, default_value_t = 300)]
+    pub keep_alive_s: u64,
+    /// runc binary.
+    #[arg(long, default_value = "runc")]
+    pub runc: String,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -142,27 +185,38 @@ pub fn up(args: UpArgs) -> Result<()> {
         return detach(&args, &state);
     }
     init_logging();
+    ipc::block_termination_signals();
     let default_ipc = format!("/dev/shm/staccato-{}", args.gateway.listen.port());
     let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc)?;
-    let gw = start_gateway(&args.common, &args.gateway, engine, &state)?;
+    let gw = start_gateway(&args.common, &args.gateway, engine.addr, &state)?;
     std::fs::write(state.join("staccato.pid"), std::process::id().to_string())?;
     println!(
         "Staccato is up: gateway http://{} (engine {}, IPC {}, state {})",
         gw.addr,
-        engine,
+        engine.addr,
         ipc_dir.display(),
         state.display()
     );
-    park()
+    wait_and_stop(&engine)
 }
 
 pub fn engine_only(args: EngineCmd) -> Result<()> {
     let state = state_dir(args.common.state_dir.clone());
     init_logging();
+    ipc::block_termination_signals();
     let default_ipc = format!("/dev/shm/staccato-engine-{}", args.engine.engine_listen.port());
-    let (addr, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc)?;
-    println!("Staccato engine is up on {addr} (IPC {}, state {})", ipc_dir.display(), state.display());
-    park()
+    let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc)?;
+    println!("Staccato engine is up on {} (IPC {}, state {})", engine.addr, ipc_dir.display(), state.display());
+    wait_and_stop(&engine)
+}
+
+/// Runs until SIGTERM/SIGINT, then removes the engine's containers.
+fn wait_and_stop(engine: &engine::Engine) -> Result<()> {
+    std::io::Write::flush(&mut std::io::stdout()).ok();
+    let sig = ipc::wait_termination();
+    log::info!("signal {sig}: stopping");
+    engine.shutdown();
+    std::process::exit(0)
 }
 
 pub fn gateway_only(args: GatewayCmd) -> Result<()> {
@@ -189,7 +243,7 @@ fn check_payload_max(c: &CommonArgs) -> Result<()> {
     Ok(())
 }
 
-fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str) -> Result<(SocketAddr, PathBuf)> {
+fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str) -> Result<(engine::Engine, PathBuf)> {
     check_payload_max(c)?;
     let runtimes = find_runtimes(e.runtimes_dir.clone())?;
     let ipc_dir = e.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(default_ipc));
@@ -208,8 +262,83 @@ fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str)
     cfg.ema_alpha = e.ema_alpha;
     cfg.payload_len_max = c.payload_max;
     cfg.python = e.python.clone();
+    cfg.cache_dir = state.join("cache");
+    cfg.containers = container_config(e, state, &cfg.runtimes_dir)?;
+    match &cfg.containers {
+        Some(cc) => log::info!(
+            "isolation: runc containers (pool {}, network {})",
+            cc.sandbox.pool_size,
+            cc.sandbox.network.name()
+        ),
+        None => log::info!("isolation: processes"),
+    }
     let engine = engine::start(cfg).context("starting the engine")?;
-    Ok((engine.addr, ipc_dir))
+    Ok((engine, ipc_dir))
+}
+
+/// The container settings, or None for process isolation.
+fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Option<engine::ContainerConfig>> {
+    if e.isolation == IsolationArg::Process {
+        return Ok(None);
+    }
+    let runc = if e.runc.contains('/') { Some(PathBuf::from(&e.runc)) } else { sandbox::which(&e.runc) };
+    let init = runtimes.join("container/build/staccato-init");
+    let why = match &runc {
+        None => Some(format!("{} not found on PATH (Debian package runc)", e.runc)),
+        Some(r) => sandbox::unavailable(r, &init),
+    };
+    if let Some(why) = why {
+        if e.isolation == IsolationArg::Container {
+            bail!("--isolation container: {why}");
+        }
+        log::warn!("functions run as plain processes, without isolation: {why}");
+        return Ok(None);
+    }
+    let out = Command::new(&e.python)
+        .args(["-c", "import sys; print(sys.executable); print(sys.base_prefix)"])
+        .output()
+        .with_context(|| format!("running {}", e.python))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    let (Some(exe), Some(prefix)) = (lines.next(), lines.next()) else {
+        bail!("cannot ask {} where it lives: {}", e.python, String::from_utf8_lossy(&out.stderr));
+    };
+    let (python_exe, python_prefix) = (PathBuf::from(exe), PathBuf::from(prefix));
+    // Several engines (or a test next to a `staccato up`) must not share
+    // container names, cgroups or network namespaces.
+    let prefix = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        state.hash(&mut h);
+        format!("s{:05x}", h.finish() & 0xfffff)
+    };
+    let sandbox = sandbox::Settings {
+        dir: state.join("containers"),
+        prefix,
+        runc: runc.expect("checked above"),
+        init,
+        binds: vec![
+            (runtimes.to_path_buf(), engine::config::CONTAINER_RUNTIMES.into()),
+            (python_prefix.clone(), engine::config::CONTAINER_PYTHON.into()),
+        ],
+        network: match e.network {
+            NetworkArg::Host => sandbox::Network::Host,
+            NetworkArg::Isolated => sandbox::Network::Isolated,
+        },
+        uid_base: 200_000,
+        tmp_bytes: 64 << 20,
+        neutral: sandbox::Limits { memory_bytes: 64 << 20, pids: 32, cpu_shares: 1024 },
+        pool_size: e.pool_size,
+    };
+    Ok(Some(engine::ContainerConfig {
+        sandbox,
+        python_exe,
+        python_prefix,
+        pause: !e.no_pause,
+        pause_min: Duration::from_millis(e.pause_min_ms),
+        pause_max: Duration::from_millis(e.pause_max_ms.max(e.pause_min_ms)),
+        keep_alive: Duration::from_secs(e.keep_alive_s),
+    }))
 }
 
 fn start_gateway(c: &CommonArgs, g: &GatewayArgs, engine: SocketAddr, state: &Path) -> Result<gateway::Gateway> {
@@ -267,9 +396,17 @@ pub fn down(state: Option<PathBuf>) -> Result<()> {
         .trim()
         .parse()
         .context("corrupt pid file")?;
-    if ipc::kill(pid).is_err() {
+    // SIGTERM lets it remove its containers; SIGKILL if it hangs.
+    if ipc::signal(pid, 15).is_err() {
         println!("staccato (pid {pid}) was not running");
     } else {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = ipc::kill(pid);
+        }
         println!("Stopped staccato (pid {pid})");
     }
     let _ = std::fs::remove_file(pid_path);

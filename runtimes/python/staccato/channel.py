@@ -1,9 +1,12 @@
 """FIFO channels between the engine and this process (docs/protocol.md §1).
 
-One process multiplexes every channel on one event loop (Nightcore §4.2):
-channel 0 is the launcher channel, channel N > 0 is worker N. Each channel
-reads whole 1024-byte messages from its ``e2w`` FIFO via ``loop.add_reader``
-and writes messages to its ``w2e`` FIFO with plain ``os.write``.
+A process multiplexes its channels on one event loop (Nightcore §4.2):
+channel 0 is the launcher channel, channel N > 0 is worker N. An inline
+launcher serves channel 0 and every worker; in fork mode (zygote.py) the
+launcher serves channel 0 and each forked worker process its own channel.
+Each channel reads whole 1024-byte messages from its ``e2w`` FIFO via
+``loop.add_reader`` and writes messages to its ``w2e`` FIFO with plain
+``os.write``.
 """
 import abc
 import asyncio
@@ -378,12 +381,14 @@ class WorkerChannel(Channel):
                                         payload.decode("utf-8", "replace")))
 
     def on_closed(self, reason):
-        self.runtime.channel_closed(self)
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(CallError("engine_unavailable",
                                             f"worker channel {self.worker_id} closed: {reason}"))
+        # After the failures: a forked worker stops when its channel closes,
+        # and handlers woken above then run before its shutdown cancels them.
+        self.runtime.channel_closed(self, reason)
 
     def cancel_tasks(self):
         tasks = list(self._running.values())

@@ -5,21 +5,15 @@ so a broken runtime fails a test instead of hanging it.
 """
 import json
 import os
-import select
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
-from conftest import PYTHON_RUNTIME
+from fake_engine import TIMEOUT, Engine as FakeEngine
 from staccato import wire
-from staccato.wire import Message, decode, encode
+from staccato.wire import Message
 
-TIMEOUT = 10.0
-# The interpreter that runs the launcher (to test other Python versions).
-LAUNCHER_PYTHON = os.environ.get("STACCATO_TEST_PYTHON") or sys.executable
 GATEWAY = 1 << 63
 
 HANDLER = textwrap.dedent('''
@@ -87,165 +81,19 @@ HANDLER = textwrap.dedent('''
 ''')
 
 
-class Chan:
-    """The engine's end of one channel: e2w O_RDWR, w2e O_RDONLY|O_NONBLOCK."""
-
-    def __init__(self, ipc, worker_id):
-        base = os.path.join(ipc, str(worker_id))
-        for suffix in (".e2w", ".w2e"):
-            os.mkfifo(base + suffix)
-        self.worker_id = worker_id
-        self.e2w = os.open(base + ".e2w", os.O_RDWR)
-        self.w2e = os.open(base + ".w2e", os.O_RDONLY | os.O_NONBLOCK)
-        self.buf = b""
-
-    def send(self, msg):
-        os.write(self.e2w, encode(msg))
-
-    def _fill(self, deadline):
-        """Reads more bytes; returns False on EOF."""
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"channel {self.worker_id}: no message within {TIMEOUT}s")
-            r, _, _ = select.select([self.w2e], [], [], left)
-            if not r:
-                continue
-            try:
-                data = os.read(self.w2e, 65536)
-            except BlockingIOError:
-                continue
-            if not data:
-                return False
-            self.buf += data
-            return True
-
-    def recv(self, timeout=TIMEOUT):
-        deadline = time.monotonic() + timeout
-        while len(self.buf) < wire.MESSAGE_LEN:
-            if not self._fill(deadline):
-                raise EOFError(f"channel {self.worker_id}: EOF")
-        raw, self.buf = self.buf[:wire.MESSAGE_LEN], self.buf[wire.MESSAGE_LEN:]
-        return decode(raw)
-
-    def expect_eof(self, timeout=TIMEOUT):
-        deadline = time.monotonic() + timeout
-        while self._fill(deadline):
-            pass
-        assert self.buf == b"", "unexpected bytes before EOF"
-
-    def close(self):
-        for fd in (self.e2w, self.w2e):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+def Engine(tmp_path, source=HANDLER, **kw):
+    return FakeEngine(tmp_path, source=source, **kw)
 
 
-class Engine:
-    """A fake engine around one launcher process."""
-
-    def __init__(self, tmp_path, handler="handler:handle", payload_max=None, source=HANDLER):
-        self.tmp = tmp_path
-        self.ipc = str(tmp_path / "ipc" / "fn")
-        self.shm = os.path.join(self.ipc, "shm")
-        os.makedirs(self.shm)
-        code = tmp_path / "code"
-        code.mkdir()
-        (code / "handler.py").write_text(source)
-        self.chan0 = Chan(self.ipc, 0)
-        env = dict(os.environ, STACCATO_FUNCTION="fn", STACCATO_IPC_DIR=self.ipc,
-                   STACCATO_HANDLER=handler, PYTHONPATH=str(PYTHON_RUNTIME))
-        if payload_max is not None:
-            env["STACCATO_PAYLOAD_MAX"] = str(payload_max)
-        self.stderr_path = tmp_path / "launcher.stderr"
-        with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen([LAUNCHER_PYTHON, "-m", "staccato.launcher"],
-                                         cwd=code, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=err)
-        self.workers = {}
-        self.next_worker = 1
-
-    @property
-    def stderr(self):
-        return self.stderr_path.read_text()
-
-    def hello(self):
-        msg = self.chan0.recv()
-        assert msg.kind == wire.LAUNCHER_HELLO, msg
-        assert msg.aux == self.proc.pid and msg.worker_id == 0
-        return msg
-
-    def create_worker(self):
-        wid = self.next_worker
-        self.next_worker += 1
-        chan = Chan(self.ipc, wid)
-        self.workers[wid] = chan
-        self.chan0.send(Message(wire.CREATE_WORKER, worker_id=wid))
-        msg = chan.recv()
-        assert (msg.kind, msg.worker_id, msg.aux) == (wire.WORKER_HELLO, wid, self.proc.pid)
-        return chan
-
-    def dispatch(self, chan, data, call_id, parent=0, deadline_us=0):
-        if len(data) <= wire.INLINE_MAX:
-            chan.send(Message(wire.DISPATCH, 0, len(data), call_id, parent, chan.worker_id,
-                              deadline_us=deadline_us, inline=data))
-        else:
-            self.write_shm(call_id, "i", data)
-            chan.send(Message(wire.DISPATCH, wire.PAYLOAD_IN_SHM, len(data), call_id, parent,
-                              chan.worker_id, deadline_us=deadline_us))
-
-    def reply(self, chan, call_id, data=b"", error_kind=0):
-        kind = wire.FAILURE if error_kind else wire.COMPLETION
-        if len(data) <= wire.INLINE_MAX:
-            chan.send(Message(kind, 0, len(data), call_id, 0, chan.worker_id,
-                              error_kind=error_kind, inline=data))
-        else:
-            self.write_shm(call_id, "o", data)
-            chan.send(Message(kind, wire.PAYLOAD_IN_SHM, len(data), call_id, 0, chan.worker_id,
-                              error_kind=error_kind))
-
-    def shm_path(self, call_id, suffix):
-        return os.path.join(self.shm, f"{call_id:016x}.{suffix}")
-
-    def write_shm(self, call_id, suffix, data):
-        with open(self.shm_path(call_id, suffix), "wb") as f:
-            f.write(data)
-
-    def payload(self, msg, suffix):
-        """A received message's payload; shm files are read and unlinked."""
-        if not msg.in_shm:
-            return msg.inline[msg.name_len:]
-        path = self.shm_path(msg.call_id, suffix)
-        with open(path, "rb") as f:
-            data = f.read()
-        os.unlink(path)
-        assert len(data) == msg.payload_len
-        return data
-
-    def call(self, chan, data, call_id, **kw):
-        """Dispatch and wait for the result message."""
-        self.dispatch(chan, data, call_id, **kw)
-        msg = chan.recv()
-        assert msg.call_id == call_id and msg.worker_id == chan.worker_id
-        assert msg.kind in (wire.COMPLETION, wire.FAILURE), msg
-        return msg
-
-    def wait(self, timeout=TIMEOUT):
-        return self.proc.wait(timeout)
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(TIMEOUT)
-        self.chan0.close()
-        for chan in self.workers.values():
-            chan.close()
+MODES = ["inline", "fork"]
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    eng = Engine(tmp_path_factory.mktemp("launcher"))
+# Every test of this module runs against both worker modes
+# (STACCATO_WORKER_MODE): a forked worker must behave exactly like an inline
+# one. test_fork.py covers what is particular to processes.
+@pytest.fixture(scope="module", params=MODES)
+def engine(tmp_path_factory, request):
+    eng = Engine(tmp_path_factory.mktemp("launcher"), worker_mode=request.param)
     try:
         eng.hello()
         yield eng
@@ -336,8 +184,9 @@ def test_worker_survives_a_failure(engine, worker):
     assert engine.call(worker, b"echo ok", gw_id()).inline == b"ok"
 
 
-def test_output_over_payload_max_is_rejected(tmp_path):
-    eng = Engine(tmp_path, payload_max=4096)
+@pytest.mark.parametrize("mode", MODES)
+def test_output_over_payload_max_is_rejected(tmp_path, mode):
+    eng = Engine(tmp_path, payload_max=4096, worker_mode=mode)
     try:
         eng.hello()
         w = eng.create_worker()
@@ -459,7 +308,7 @@ def test_eof_on_worker_channel_closes_it_and_fails_pending_calls(engine, worker)
     assert engine.call(other, b"echo alive", gw_id()).inline == b"alive"
 
 
-def test_several_workers_in_one_process(engine):
+def test_several_workers(engine):
     a, b = engine.create_worker(), engine.create_worker()
     ca, cb = gw_id(), gw_id()
     engine.dispatch(a, b"call sa 1", ca)
@@ -471,8 +320,9 @@ def test_several_workers_in_one_process(engine):
     assert b.recv().inline == b"got:B" and a.recv().inline == b"got:A"
 
 
-def test_eof_on_channel_0_exits(tmp_path):
-    eng = Engine(tmp_path)
+@pytest.mark.parametrize("mode", MODES)
+def test_eof_on_channel_0_exits(tmp_path, mode):
+    eng = Engine(tmp_path, worker_mode=mode)
     try:
         eng.hello()
         w = eng.create_worker()
@@ -487,8 +337,9 @@ def test_eof_on_channel_0_exits(tmp_path):
 
 # -- Other handlers / startup ---------------------------------------------------
 
-def test_sync_handler(tmp_path):
-    eng = Engine(tmp_path, handler="handler:sync_handle")
+@pytest.mark.parametrize("mode", MODES)
+def test_sync_handler(tmp_path, mode):
+    eng = Engine(tmp_path, handler="handler:sync_handle", worker_mode=mode)
     try:
         eng.hello()
         w = eng.create_worker()

@@ -1,0 +1,421 @@
+//! One pooled runc container: made once with `runc run -d`, then given to
+//! functions and taken back without any further runc command (each costs
+//! 5–36 ms; see docs/notes/issue4-runc-spike.md). Taking it means mounting
+//! the function's files into its mount namespace, writing its cgroup limits
+//! and sending its init a command; the freezer pauses and resumes it.
+
+use crate::bundle::{self, LOG, SLOT};
+use crate::{Limits, Mount, Network, Settings, Start};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{chown, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The cgroup controllers the engine writes directly.
+const CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
+
+pub struct Container {
+    pub id: String,
+    pub index: u32,
+    /// The user the function runs as (one per container, never root).
+    pub uid: u32,
+    dir: PathBuf,
+    /// The container's init, as the host sees it.
+    pub init_pid: u32,
+    ctl: File,
+    status: Mutex<StatusReader>,
+    pub net: Option<netns::Net>,
+    /// What /proc/<init>/mountinfo held right after creation.
+    template: Vec<String>,
+    assigned: Mutex<Assigned>,
+}
+
+#[derive(Default)]
+struct Assigned {
+    /// Mount destinations added at assignment, removed on return.
+    mounts: Vec<PathBuf>,
+    /// Mountpoints made in the root skeleton for them.
+    mountpoints: Vec<PathBuf>,
+    oom_kills_at_start: u64,
+    frozen: bool,
+}
+
+struct StatusReader {
+    fifo: File,
+    buf: Vec<u8>,
+}
+
+impl StatusReader {
+    /// The next complete line, waiting at most `wait`.
+    fn line(&mut self, wait: Duration) -> Option<String> {
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Some(String::from_utf8_lossy(&line[..i]).into_owned());
+            }
+            let mut chunk = [0u8; 512];
+            match self.fifo.read(&mut chunk) {
+                Ok(n) if n > 0 => self.buf.extend_from_slice(&chunk[..n]),
+                _ => {
+                    if Instant::now() >= deadline {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+    }
+}
+
+fn runc(settings: &Settings) -> Command {
+    let mut cmd = Command::new(&settings.runc);
+    cmd.arg("--root").arg(settings.dir.join("runc"));
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    cmd
+}
+
+fn cgroup(id: &str, controller: &str) -> PathBuf {
+    Path::new("/sys/fs/cgroup").join(controller).join("staccato").join(id)
+}
+
+fn write_file(path: &Path, value: &str) -> Result<(), String> {
+    fs::write(path, value).map_err(|e| format!("writing {value:?} to {}: {e}", path.display()))
+}
+
+/// Mount points, file systems and options, without the kernel's mount ids
+/// (a fresh /tmp gets a new one but must otherwise match).
+fn mount_table(pid: u32) -> io::Result<Vec<String>> {
+    let text = fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+    let mut rows: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-").unwrap_or(f.len());
+            let fstype = f.get(sep + 1).copied().unwrap_or("");
+            format!("{} {} {}", f.get(4).copied().unwrap_or(""), f.get(5).copied().unwrap_or(""), fstype)
+        })
+        .collect();
+    rows.sort();
+    Ok(rows)
+}
+
+impl Container {
+    /// Makes a container with its init waiting for a command. Takes about
+    /// 30–40 ms (runc), plus the network namespace when isolated.
+    pub fn create(settings: &Settings, nets: Option<&netns::Networks>, index: u32) -> Result<Container, String> {
+        let id = format!("{}-{index}", settings.prefix);
+        let dir = settings.dir.join(&id);
+        let _ = runc(settings).args(["delete", "-f", &id]).stderr(Stdio::null()).status();
+        let _ = fs::remove_dir_all(&dir);
+        let uid = settings.uid_base + index;
+        let made = (|| -> io::Result<()> {
+            fs::create_dir_all(dir.join("slot"))?;
+            bundle::make_rootfs(&dir.join("rootfs"), settings)?;
+            for fifo in ["ctl", "status"] {
+                let p = dir.join("slot").join(fifo);
+                ipc::mkfifo(&p)?;
+                chown(&p, Some(uid), Some(uid))?;
+            }
+            Ok(())
+        })();
+        made.map_err(|e| format!("preparing {}: {e}", dir.display()))?;
+        let open = |name: &str, nonblock: bool| {
+            let mut o = OpenOptions::new();
+            o.read(true).write(true);
+            if nonblock {
+                o.custom_flags(libc_nonblock());
+            }
+            o.open(dir.join("slot").join(name)).map_err(|e| format!("opening slot {name}: {e}"))
+        };
+        // Opened read-write so init's opens never block and init sees
+        // end-of-file on ctl only when the engine is gone.
+        let ctl = open("ctl", false)?;
+        let status = open("status", true)?;
+        let net = match (settings.network, nets) {
+            (Network::Isolated, Some(n)) => Some(n.create(index)?),
+            _ => None,
+        };
+        let fail = |e: String, net: &Option<netns::Net>| {
+            if let (Some(n), Some(nets)) = (net, nets) {
+                let _ = nets.destroy(n);
+            }
+            let _ = fs::remove_dir_all(&dir);
+            Err(e)
+        };
+        let config = bundle::config(settings, &id, &dir, uid, net.as_ref().map(|n| n.path.as_path()), &settings.neutral);
+        if let Err(e) = fs::write(dir.join("config.json"), config.to_string()) {
+            return fail(format!("writing config.json: {e}"), &net);
+        }
+        let err_path = dir.join("runc.err");
+        let err_file = match File::create(&err_path) {
+            Ok(f) => f,
+            Err(e) => return fail(format!("creating {}: {e}", err_path.display()), &net),
+        };
+        // runc's stdio must be files: a pipe would be inherited by init and
+        // never reach end-of-file.
+        let st = runc(settings)
+            .args(["run", "-d", "--pid-file"])
+            .arg(dir.join("init.pid"))
+            .arg("-b")
+            .arg(&dir)
+            .arg(&id)
+            .stderr(err_file)
+            .status();
+        match st {
+            Ok(s) if s.success() => {}
+            Ok(_) => {
+                let why = fs::read_to_string(&err_path).unwrap_or_default();
+                return fail(format!("runc run {id} failed: {}", why.trim()), &net);
+            }
+            Err(e) => return fail(format!("running {}: {e}", settings.runc.display()), &net),
+        }
+        let init_pid = fs::read_to_string(dir.join("init.pid")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        let mut reader = StatusReader { fifo: status, buf: Vec::new() };
+        let c = |reader, template| Container {
+            id: id.clone(),
+            index,
+            uid,
+            dir: dir.clone(),
+            init_pid,
+            ctl: ctl.try_clone().expect("dup of an open fifo"),
+            status: Mutex::new(reader),
+            net: net.clone(),
+            template,
+            assigned: Mutex::new(Assigned::default()),
+        };
+        match reader.line(Duration::from_secs(10)) {
+            Some(l) if l == "READY" && init_pid != 0 => {}
+            other => {
+                let c = c(reader, Vec::new());
+                c.destroy(settings, nets);
+                return Err(format!("container {id} did not report ready (got {other:?})"));
+            }
+        }
+        let template = mount_table(init_pid).unwrap_or_default();
+        Ok(c(reader, template))
+    }
+
+    /// Gives the container to a function: mounts, limits, then its launcher.
+    /// Returns the launcher's pid inside the container.
+    pub fn start(&self, s: &Start) -> Result<u32, String> {
+        let rootfs = self.dir.join("rootfs");
+        let mut attach = Vec::new();
+        let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<Mount> = s.mounts.clone();
+        all.push(Mount { src: s.log.clone(), dst: LOG.into(), read_only: false });
+        chown(&s.log, Some(self.uid), Some(self.uid)).map_err(|e| format!("chown {}: {e}", s.log.display()))?;
+        for m in &all {
+            let rel = m.dst.strip_prefix("/").unwrap_or(&m.dst);
+            let point = rootfs.join(rel);
+            if !point.exists() {
+                let made = if m.src.is_dir() {
+                    fs::create_dir_all(&point)
+                } else {
+                    point.parent().map_or(Ok(()), fs::create_dir_all).and_then(|_| fs::write(&point, b""))
+                };
+                made.map_err(|e| format!("making mountpoint {}: {e}", point.display()))?;
+                a.mountpoints.push(point);
+            }
+            attach.push(ipc::mount::bind(&m.src, &m.dst, m.read_only).map_err(|e| format!("{}: {e}", m.src.display()))?);
+            a.mounts.push(m.dst.clone());
+        }
+        ipc::mount::apply(self.init_pid, &[], &attach).map_err(|e| format!("mounting into {}: {e}", self.id))?;
+        self.set_limits(&s.limits)?;
+        a.oom_kills_at_start = self.oom_kills();
+        drop(a);
+        // The command: cwd, log, argc, argv, env (see runtimes/container/init.c).
+        let mut body = Vec::new();
+        let mut push = |s: &str| {
+            body.extend_from_slice(s.as_bytes());
+            body.push(0);
+        };
+        push(&s.cwd);
+        push(LOG);
+        push(&s.argv.len().to_string());
+        for arg in &s.argv {
+            push(arg);
+        }
+        for (k, v) in &s.env {
+            push(&format!("{k}={v}"));
+        }
+        if body.len() > 65536 {
+            return Err("launcher command longer than 64 KiB".into());
+        }
+        let mut msg = (body.len() as u32).to_le_bytes().to_vec();
+        msg.extend_from_slice(&body);
+        (&self.ctl).write_all(&msg).map_err(|e| format!("sending the command to {}: {e}", self.id))?;
+        let line = self.status.lock().unwrap_or_else(|p| p.into_inner()).line(Duration::from_secs(5));
+        match line.as_deref().and_then(|l| l.strip_prefix("STARTED ")) {
+            Some(pid) => pid.trim().parse().map_err(|_| format!("bad status line {line:?}")),
+            None => Err(format!("container {} did not start the launcher: {line:?}", self.id)),
+        }
+    }
+
+    /// Status lines init wrote since the last call ("EXIT <pid> <status>").
+    pub fn poll_status(&self) -> Vec<String> {
+        let mut r = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        while let Some(l) = r.line(Duration::ZERO) {
+            out.push(l);
+        }
+        out
+    }
+
+    fn set_limits(&self, l: &Limits) -> Result<(), String> {
+        let mem = cgroup(&self.id, "memory");
+        let current: u64 = fs::read_to_string(mem.join("memory.limit_in_bytes"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(u64::MAX);
+        let (limit, memsw) = (mem.join("memory.limit_in_bytes"), mem.join("memory.memsw.limit_in_bytes"));
+        let v = l.memory_bytes.to_string();
+        // memsw must never be below the plain limit: raise it first when
+        // growing, lower it last when shrinking.
+        if l.memory_bytes >= current {
+            write_file(&memsw, &v)?;
+            write_file(&limit, &v)?;
+        } else {
+            write_file(&limit, &v)?;
+            write_file(&memsw, &v)?;
+        }
+        write_file(&cgroup(&self.id, "pids").join("pids.max"), &l.pids.to_string())?;
+        write_file(&cgroup(&self.id, "cpu").join("cpu.shares"), &l.cpu_shares.to_string())
+    }
+
+    /// How many processes the kernel's OOM killer has killed in here.
+    pub fn oom_kills(&self) -> u64 {
+        fs::read_to_string(cgroup(&self.id, "memory").join("memory.oom_control"))
+            .ok()
+            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok())))
+            .unwrap_or(0)
+    }
+
+    /// Whether the OOM killer struck since the function got the container.
+    pub fn oom_since_start(&self) -> bool {
+        let base = self.assigned.lock().unwrap_or_else(|p| p.into_inner()).oom_kills_at_start;
+        self.oom_kills() > base
+    }
+
+    /// Host pids of every process in the container.
+    pub fn pids(&self) -> Vec<u32> {
+        fs::read_to_string(cgroup(&self.id, "pids").join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// The host pid of the process that is `ns_pid` inside the container.
+    pub fn host_pid(&self, ns_pid: u32) -> Option<u32> {
+        self.pids().into_iter().find(|p| {
+            fs::read_to_string(format!("/proc/{p}/status")).ok().is_some_and(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|v| v.split_whitespace().last().and_then(|x| x.parse::<u32>().ok()))
+                    == Some(ns_pid)
+            })
+        })
+    }
+
+    /// SIGKILLs the process known as `ns_pid` inside the container.
+    pub fn kill(&self, ns_pid: u32) -> io::Result<()> {
+        match self.host_pid(ns_pid) {
+            Some(p) if p != self.init_pid => ipc::kill(p),
+            _ => Err(io::Error::from(io::ErrorKind::NotFound)),
+        }
+    }
+
+    /// Kills everything but init. True once only init is left.
+    pub fn kill_all(&self) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let rest: Vec<u32> = self.pids().into_iter().filter(|p| *p != self.init_pid).collect();
+            if rest.is_empty() {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            // A frozen process cannot die.
+            self.thaw();
+            for p in rest {
+                let _ = ipc::kill(p);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Pauses every process of the container (cgroup v1 freezer; ~0.1 ms,
+    /// against 5–8 ms for `runc pause`).
+    pub fn freeze(&self) -> Result<(), String> {
+        write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "FROZEN")?;
+        self.assigned.lock().unwrap_or_else(|p| p.into_inner()).frozen = true;
+        Ok(())
+    }
+
+    pub fn thaw(&self) {
+        let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        if a.frozen {
+            let _ = write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "THAWED");
+            a.frozen = false;
+        }
+    }
+
+    /// Makes a returned container as good as new (Nuka's checker): no
+    /// process but init, no mount but the template's, a fresh /tmp, neutral
+    /// limits, an untouched network. Err means: destroy it instead.
+    pub fn reset(&self, settings: &Settings, nets: Option<&netns::Networks>) -> Result<(), String> {
+        if !self.kill_all() {
+            return Err("processes survived SIGKILL".into());
+        }
+        let _ = self.poll_status();
+        let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut unmount = std::mem::take(&mut a.mounts);
+        unmount.push("/tmp".into());
+        let tmp = ipc::mount::tmpfs(Path::new("/tmp"), settings.tmp_bytes).map_err(|e| e.to_string())?;
+        ipc::mount::apply(self.init_pid, &unmount, &[tmp]).map_err(|e| format!("unmounting: {e}"))?;
+        for p in std::mem::take(&mut a.mountpoints).iter().rev() {
+            let _ = fs::remove_dir(p).or_else(|_| fs::remove_file(p));
+        }
+        drop(a);
+        let now = mount_table(self.init_pid).map_err(|e| format!("reading mounts: {e}"))?;
+        if now != self.template {
+            return Err(format!("mounts differ from the template: {:?}", diff(&self.template, &now)));
+        }
+        if let (Some(n), Some(nets)) = (&self.net, nets) {
+            nets.check(n)?;
+        }
+        self.set_limits(&settings.neutral)
+    }
+
+    /// Removes the container for good.
+    pub fn destroy(&self, settings: &Settings, nets: Option<&netns::Networks>) {
+        let _ = runc(settings).args(["delete", "-f", &self.id]).stderr(Stdio::null()).status();
+        for c in CONTROLLERS {
+            let _ = fs::remove_dir(cgroup(&self.id, c));
+        }
+        if let (Some(n), Some(nets)) = (&self.net, nets) {
+            let _ = nets.destroy(n);
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+
+    /// The slot directory (for tests and diagnostics).
+    pub fn slot_dir(&self) -> PathBuf {
+        self.dir.join(SLOT.trim_start_matches('/'))
+    }
+}
+
+fn diff(a: &[String], b: &[String]) -> Vec<String> {
+    let mut d: Vec<String> = b.iter().filter(|x| !a.contains(x)).map(|x| format!("+{x}")).collect();
+    d.extend(a.iter().filter(|x| !b.contains(x)).map(|x| format!("-{x}")));
+    d
+}
+
+fn libc_nonblock() -> i32 {
+    0o4000 // O_NONBLOCK on Linux
+}

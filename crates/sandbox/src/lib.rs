@@ -1,0 +1,108 @@
+//! Function containers (Nuka §III.A on top of runc): an isolation pool of
+//! pre-made containers, each with its namespaces, cgroups and (optionally)
+//! network namespace ready, given to functions by mounting their files in
+//! and adjusting their cgroup limits, paused and resumed with the cgroup
+//! freezer, cleaned and reused when returned.
+//!
+//! Nothing here is on a call's path except `Container::thaw`.
+
+mod bundle;
+mod container;
+mod pool;
+
+pub use container::Container;
+pub use pool::{Pool, PoolStats};
+use std::path::{Path, PathBuf};
+
+/// How a function container reaches the network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Network {
+    /// The host's network namespace: fastest, no network isolation.
+    Host,
+    /// A network namespace per container, joined to the host by a veth pair
+    /// (see the netns crate); the host's loopback services are reachable at
+    /// `STACCATO_HOST_IP`.
+    Isolated,
+}
+
+impl Network {
+    pub fn name(self) -> &'static str {
+        match self {
+            Network::Host => "host",
+            Network::Isolated => "isolated",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub cpu_shares: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Bundles, slot FIFOs and runc's state (`<state>/containers`).
+    pub dir: PathBuf,
+    /// Names this engine's containers, cgroups and namespaces apart from
+    /// another engine's on the same machine.
+    pub prefix: String,
+    pub runc: PathBuf,
+    /// The static init (runtimes/container/build/staccato-init).
+    pub init: PathBuf,
+    /// Read-only binds every container gets: (host path, container path).
+    pub binds: Vec<(PathBuf, PathBuf)>,
+    pub network: Network,
+    /// Users are `uid_base + index`: no two containers share one.
+    pub uid_base: u32,
+    pub tmp_bytes: u64,
+    /// Limits of an idle pooled container.
+    pub neutral: Limits,
+    /// Containers kept ready.
+    pub pool_size: usize,
+}
+
+/// A bind mount given to one function.
+#[derive(Clone, Debug)]
+pub struct Mount {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    pub read_only: bool,
+}
+
+/// What a function needs from a container.
+#[derive(Clone, Debug)]
+pub struct Start {
+    pub mounts: Vec<Mount>,
+    pub limits: Limits,
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    /// The host file that receives the launcher's stdout and stderr.
+    pub log: PathBuf,
+}
+
+/// Why containers cannot be used here, or None when they can.
+pub fn unavailable(runc: &Path, init: &Path) -> Option<String> {
+    if ipc::euid() != 0 {
+        return Some("containers need root (runc with cgroup limits)".into());
+    }
+    if !runc.is_file() {
+        return Some(format!("runc not found at {} (Debian package runc)", runc.display()));
+    }
+    if !init.is_file() {
+        return Some(format!("container init not built: {} (run `make build`)", init.display()));
+    }
+    for c in ["memory", "cpu", "pids", "freezer"] {
+        if !Path::new("/sys/fs/cgroup").join(c).join("cgroup.procs").is_file() {
+            return Some(format!("cgroup v1 controller {c} is not mounted at /sys/fs/cgroup/{c}"));
+        }
+    }
+    None
+}
+
+/// Finds `name` on PATH.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
+}

@@ -1,0 +1,299 @@
+//! The isolation pool (Nuka §III.A): containers made ahead of time by a
+//! background thread, handed out in microseconds, cleaned and reused when
+//! returned, destroyed when they cannot be cleaned.
+
+use crate::{Container, Network, Settings};
+use std::collections::{BTreeSet, VecDeque};
+use std::fs;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug, Default)]
+pub struct PoolStats {
+    pub idle: usize,
+    pub target: usize,
+    pub created: u64,
+    pub reused: u64,
+    pub destroyed: u64,
+    /// Takes that found the pool empty and waited for a new container.
+    pub misses: u64,
+    pub create_ms_last: f64,
+}
+
+impl PoolStats {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "idle": self.idle, "target": self.target, "created": self.created, "reused": self.reused,
+            "destroyed": self.destroyed, "misses": self.misses, "create_ms_last": self.create_ms_last,
+        })
+    }
+}
+
+enum Job {
+    Refill,
+    Return(Arc<Container>, bool),
+}
+
+struct Inner {
+    settings: Settings,
+    nets: Option<netns::Networks>,
+    idle: Mutex<VecDeque<Arc<Container>>>,
+    /// Indexes of live containers (they pick uids and subnets).
+    indexes: Mutex<BTreeSet<u32>>,
+    jobs: Mutex<Sender<Job>>,
+    stopping: AtomicBool,
+    target: AtomicUsize,
+    created: AtomicU64,
+    reused: AtomicU64,
+    destroyed: AtomicU64,
+    misses: AtomicU64,
+    create_us_last: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+impl Pool {
+    /// Removes what a previous engine with the same prefix left behind, then
+    /// starts filling the pool in the background.
+    pub fn new(settings: Settings) -> Result<Pool, String> {
+        fs::create_dir_all(&settings.dir).map_err(|e| format!("creating {}: {e}", settings.dir.display()))?;
+        let nets = match settings.network {
+            Network::Isolated => Some(netns::Networks::new(&settings.prefix)?),
+            Network::Host => None,
+        };
+        let (tx, rx) = channel();
+        let target = settings.pool_size;
+        let inner = Arc::new(Inner {
+            settings,
+            nets,
+            idle: Mutex::new(VecDeque::new()),
+            indexes: Mutex::new(BTreeSet::new()),
+            jobs: Mutex::new(tx),
+            stopping: AtomicBool::new(false),
+            target: AtomicUsize::new(target),
+            created: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
+            destroyed: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            create_us_last: AtomicU64::new(0),
+        });
+        inner.remove_leftovers();
+        let bg = inner.clone();
+        std::thread::Builder::new()
+            .name("pool".into())
+            .spawn(move || loop {
+                match rx.recv_timeout(Duration::from_millis(500)) {
+                    Ok(Job::Return(c, reuse)) => bg.put_back(c, reuse),
+                    Ok(Job::Refill) | Err(RecvTimeoutError::Timeout) => bg.refill(),
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+                if bg.stopping.load(Ordering::Relaxed) {
+                    return;
+                }
+            })
+            .map_err(|e| format!("starting the pool thread: {e}"))?;
+        let pool = Pool { inner };
+        pool.send(Job::Refill);
+        Ok(pool)
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    pub fn networks(&self) -> Option<&netns::Networks> {
+        self.inner.nets.as_ref()
+    }
+
+    fn send(&self, job: Job) {
+        let _ = self.inner.jobs.lock().unwrap_or_else(|p| p.into_inner()).send(job);
+    }
+
+    /// A ready container: from the pool when it has one, else made now.
+    pub fn take(&self) -> Result<Arc<Container>, String> {
+        let c = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+        let c = match c {
+            Some(c) => c,
+            None => {
+                self.inner.misses.fetch_add(1, Ordering::Relaxed);
+                Arc::new(self.inner.create()?)
+            }
+        };
+        self.send(Job::Refill);
+        Ok(c)
+    }
+
+    /// Takes a container back. `reuse` false (say, after an OOM kill)
+    /// destroys it; otherwise it is cleaned in the background and reused if
+    /// the check passes.
+    pub fn give_back(&self, c: Arc<Container>, reuse: bool) {
+        self.send(Job::Return(c, reuse));
+    }
+
+    /// Makes the pool hold `n` ready containers from now on.
+    pub fn resize(&self, n: usize) {
+        let drop: Vec<Arc<Container>> = {
+            let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let keep = idle.len().min(n);
+            idle.drain(keep..).collect()
+        };
+        self.inner.target.store(n, Ordering::Relaxed);
+        for c in drop {
+            self.inner.destroy(c);
+        }
+        self.send(Job::Refill);
+    }
+
+    /// Blocks until the pool holds its target (or `timeout` passes).
+    pub fn wait_full(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.stats().idle >= self.inner.target() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let i = &self.inner;
+        PoolStats {
+            idle: i.idle.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            target: i.target(),
+            created: i.created.load(Ordering::Relaxed),
+            reused: i.reused.load(Ordering::Relaxed),
+            destroyed: i.destroyed.load(Ordering::Relaxed),
+            misses: i.misses.load(Ordering::Relaxed),
+            create_ms_last: i.create_us_last.load(Ordering::Relaxed) as f64 / 1000.0,
+        }
+    }
+
+    /// Destroys every container of this engine, in use or not (at exit).
+    pub fn shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::Relaxed);
+        let idle: Vec<Arc<Container>> = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        for c in idle {
+            self.inner.destroy(c);
+        }
+        self.inner.remove_leftovers();
+    }
+}
+
+impl Inner {
+    fn target(&self) -> usize {
+        self.target.load(Ordering::Relaxed)
+    }
+
+    fn create(&self) -> Result<Container, String> {
+        let index = {
+            let mut used = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+            let i = (0..).find(|i| !used.contains(i)).expect("u32 indexes");
+            used.insert(i);
+            i
+        };
+        let t0 = Instant::now();
+        match Container::create(&self.settings, self.nets.as_ref(), index) {
+            Ok(c) => {
+                self.created.fetch_add(1, Ordering::Relaxed);
+                self.create_us_last.store(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
+                Ok(c)
+            }
+            Err(e) => {
+                self.indexes.lock().unwrap_or_else(|p| p.into_inner()).remove(&index);
+                Err(e)
+            }
+        }
+    }
+
+    fn refill(&self) {
+        while !self.stopping.load(Ordering::Relaxed) {
+            if self.idle.lock().unwrap_or_else(|p| p.into_inner()).len() >= self.target() {
+                return;
+            }
+            match self.create() {
+                Ok(c) => self.idle.lock().unwrap_or_else(|p| p.into_inner()).push_back(Arc::new(c)),
+                Err(e) => {
+                    log::error!("isolation pool: {e}");
+                    std::thread::sleep(Duration::from_secs(1));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn put_back(&self, c: Arc<Container>, reuse: bool) {
+        if !reuse || self.stopping.load(Ordering::Relaxed) {
+            return self.destroy(c);
+        }
+        match c.reset(&self.settings, self.nets.as_ref()) {
+            Ok(()) => {
+                self.reused.fetch_add(1, Ordering::Relaxed);
+                // Handed out first; beyond the target, the newest go.
+                let surplus: Vec<Arc<Container>> = {
+                    let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                    idle.push_front(c);
+                    let keep = self.target().min(idle.len());
+                    idle.drain(keep..).collect()
+                };
+                for c in surplus {
+                    self.destroy(c);
+                }
+            }
+            Err(e) => {
+                log::warn!("container {} failed its check, destroying it: {e}", c.id);
+                self.destroy(c);
+            }
+        }
+    }
+
+    fn destroy(&self, c: Arc<Container>) {
+        c.destroy(&self.settings, self.nets.as_ref());
+        self.destroyed.fetch_add(1, Ordering::Relaxed);
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).remove(&c.index);
+    }
+
+    /// Containers, cgroups and namespaces named with our prefix that no
+    /// live Container owns (a crashed engine's, or ours at exit).
+    fn remove_leftovers(&self) {
+        let s = &self.settings;
+        let mine = |name: &str| name.strip_prefix(&s.prefix).is_some_and(|r| r.starts_with('-'));
+        if let Ok(entries) = fs::read_dir(&s.dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if mine(&name) {
+                    let _ = std::process::Command::new(&s.runc)
+                        .arg("--root")
+                        .arg(s.dir.join("runc"))
+                        .args(["delete", "-f", &name])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status();
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        for c in ["memory", "cpu", "pids", "freezer", "cpuacct", "cpuset", "blkio", "devices", "systemd"] {
+            let base = std::path::Path::new("/sys/fs/cgroup").join(c).join("staccato");
+            if let Ok(entries) = fs::read_dir(&base) {
+                for e in entries.flatten() {
+                    if mine(&e.file_name().to_string_lossy()) {
+                        let _ = fs::remove_dir(e.path());
+                    }
+                }
+            }
+        }
+        if let Some(n) = &self.nets {
+            if let Err(e) = n.cleanup() {
+                log::warn!("cleaning up network namespaces: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,213 @@
+"""Container isolation (issue 4), against the real binary, real runc and the
+kernel's cgroups: each claim the README makes about isolation has a test here
+that fails if the claim breaks.
+
+Needs root, runc and cgroup v1 (the CI machine has them; `scripts/setup.sh`
+installs runc). Skipped otherwise, with the reason.
+"""
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import FUNCS, Server, check_error, ok_body, own_server, wait_for, container_pids
+
+ISO = FUNCS / "iso"
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("runc") or not Path("/sys/fs/cgroup/freezer").is_dir(),
+    reason="container isolation needs root, runc and the cgroup v1 freezer",
+)
+
+
+@pytest.fixture(scope="module")
+def iso(tmp_path_factory):
+    srv = Server(tmp_path_factory.mktemp("iso"), extra=["--isolation", "container", "--pool-size", "2",
+                                                         "--pause-min-ms", "300", "--keep-alive-s", "600"])
+    try:
+        srv.start()
+        srv.deploy(ISO)
+    except BaseException:
+        print(f"--- tail of {srv.log_path}\n{srv.log_tail()}")
+        srv.cleanup()
+        raise
+    yield srv
+    srv.cleanup()
+
+
+def probe(srv, fn="probe", **req):
+    return json.loads(ok_body(srv.invoke(fn, json.dumps(req).encode(), timeout=20)))
+
+
+def host_dirs(srv, fn):
+    """The function's code and IPC directories as the host sees them."""
+    code = glob.glob(str(srv.state_dir / "engine" / "functions" / fn / "*"))
+    ipc = glob.glob(str(srv.ipc_dir / f"{fn}.*"))
+    assert len(code) == 1 and len(ipc) == 1, (code, ipc)
+    return Path(code[0]), Path(ipc[0])
+
+
+def test_runs_unprivileged_in_its_own_namespaces(iso):
+    out = probe(iso)
+    cid = iso.container("probe")
+    assert cid, "the function has no container: isolation is off"
+    assert out["uid"] != 0 and out["euid"] != 0, out
+    assert int(out["cap_eff"], 16) == 0 and int(out["cap_bnd"], 16) == 0, out
+    assert out["no_new_privs"] == "1" and out["seccomp"] == "2", out
+    # UTS namespace: the container's own host name.
+    assert out["hostname"] == cid != socket.gethostname(), out
+    # PID namespace: only the container's processes, numbered from 1.
+    assert max(out["proc_pids"]) < 100 and 1 in out["proc_pids"], out
+    assert len(out["proc_pids"]) == len(container_pids(cid)), (out, container_pids(cid))
+    # Read-only root, /usr and code; a private writable /tmp.
+    assert (out["write_root"], out["write_usr"], out["write_code"]) == ("EROFS", "EROFS", "EROFS"), out
+    assert out["write_tmp"] == "ok", out
+    # No privileged system calls (seccomp and no capabilities).
+    assert out["unshare"] == "EPERM" and out["mount"] == "EPERM" and out["setuid0"] == "EPERM", out
+
+
+def test_cannot_read_another_functions_code_channels_or_payloads(iso):
+    other_code, other_ipc = host_dirs(iso, "other")
+    own = probe(iso)
+    assert (other_code / "secret.txt").is_file() and (other_ipc / "0.e2w").exists()
+    # An input over the inline limit travels as a payload file in other's shm dir.
+    other_payload = other_ipc / "shm" / "planted.i"
+    other_payload.write_bytes(b"payload of other")
+    os.chmod(other_payload, 0o644)
+    engine_pid = iso.proc.pid
+    paths = [
+        str(other_code / "secret.txt"),           # by its host path
+        str(other_ipc / "0.e2w"),                 # its launcher channel
+        str(other_ipc / "shm" / "planted.i"),     # its payload file
+        "/ipc/../other/0.e2w",
+        f"/proc/{engine_pid}/environ",            # the engine (host PID namespace)
+        "/root/.bashrc",
+        "/code/probe.py",                         # control: its own code is readable
+    ]
+    out = probe(iso, read=paths, list=[str(other_code), str(iso.ipc_dir), "/ipc"])
+    for p in paths[:-1]:
+        assert out["read"][p] in ("ENOENT", "EACCES", "EPERM"), (p, out["read"][p])
+    assert out["read"]["/code/probe.py"] == "ok", out
+    assert out["list"][str(other_code)] == "ENOENT" and out["list"][str(iso.ipc_dir)] == "ENOENT", out
+    # Its own IPC view holds only its own channels and payload directory.
+    _, own_ipc = host_dirs(iso, "probe")
+    assert sorted(out["list"]["/ipc"]) == sorted(os.listdir(own_ipc)), (out["list"]["/ipc"], own_ipc)
+    # And the other function (same code, other container) has a different user.
+    assert probe(iso, "other")["uid"] != own["uid"]
+
+
+def test_out_of_memory_is_reported_and_the_container_replaced(iso):
+    assert ok_body(iso.invoke("hog", b"8", timeout=20)).startswith(b"allocated 8 MiB")
+    before = iso.container("hog")
+    with_others = []
+
+    def others():
+        for i in range(20):
+            with_others.append(iso.invoke("probe", b"{}", timeout=20).status)
+
+    t = threading.Thread(target=others)
+    t.start()
+    r = iso.invoke("hog", b"200", timeout=30)
+    t.join()
+    err = check_error(r, 502, "out_of_memory", in_message="memory")
+    assert "64 MiB" in err["message"], err
+    assert with_others == [200] * 20, with_others
+    # Served again, from a new container.
+    ok = wait_for(lambda: iso.invoke("hog", b"8", timeout=20).status == 200, timeout=15)
+    assert ok, iso.log_tail()
+    after = iso.container("hog")
+    assert after and after != before, (before, after)
+
+
+def test_fork_bomb_stops_at_the_pids_limit(iso):
+    body = ok_body(iso.invoke("forkbomb", b"", timeout=60)).decode()
+    n = int(body.split()[0])
+    assert 5 <= n < 32, body
+    assert "Resource temporarily unavailable" in body, body
+    assert iso.invoke("probe", b"{}").status == 200
+
+
+def freezer_state(cid):
+    return Path(f"/sys/fs/cgroup/freezer/staccato/{cid}/freezer.state").read_text().strip()
+
+
+def test_idle_container_is_paused_and_a_call_resumes_it(iso):
+    assert iso.invoke("other", b"{}").status == 200
+    cid = iso.container("other")
+    paused = wait_for(lambda: iso.function("other")["status"]["container"]["paused"], timeout=10)
+    assert paused, iso.function("other")
+    assert freezer_state(cid) == "FROZEN"
+    t0 = time.perf_counter()
+    r = iso.invoke("other", b"{}")
+    assert r.status == 200, r
+    assert freezer_state(cid) == "THAWED"
+    assert not iso.function("other")["status"]["container"]["paused"]
+    assert time.perf_counter() - t0 < 5
+
+
+def test_returned_container_is_cleaned_before_reuse(tmp_path):
+    with own_server(tmp_path, extra=["--isolation", "container", "--pool-size", "1", "--no-pause"]) as srv:
+        srv.deploy(ISO / "dirty.yml")
+        cid = srv.container("dirty")
+        leftover_pid = int(ok_body(srv.invoke("dirty", b"leave")))
+        assert json.loads(ok_body(srv.invoke("dirty", b"check")))["leftover"] is True
+        assert len(container_pids(cid)) >= 3  # init, launcher, the leftover sleep
+        assert srv.cli("rm", "dirty").returncode == 0
+        # The pool takes it back, kills the leftover, unmounts the function's
+        # files and gives it a fresh /tmp; the next deploy reuses it.
+        assert wait_for(lambda: len(container_pids(cid)) == 1, timeout=10), container_pids(cid)
+        time.sleep(0.5)
+        srv.deploy(ISO / "dirty.yml")
+        assert srv.container("dirty") == cid, "the cleaned container was not reused"
+        out = json.loads(ok_body(srv.invoke("dirty", b"check")))
+        assert out["leftover"] is False, out
+        assert leftover_pid not in out["pids"] and len(out["pids"]) <= 3, out
+        assert out["mounts"].count(" /code ") == 1, out["mounts"]
+
+
+def test_container_with_foreign_mount_is_destroyed_not_reused(tmp_path):
+    with own_server(tmp_path, extra=["--isolation", "container", "--pool-size", "1", "--no-pause"]) as srv:
+        srv.deploy(ISO / "dirty.yml")
+        cid = srv.container("dirty")
+        init = min(container_pids(cid))
+        # Something the checker must notice: a mount no function should have.
+        subprocess.run(["nsenter", "-t", str(init), "-m", "mount", "-t", "tmpfs", "x", "/deps"], check=True)
+        assert srv.cli("rm", "dirty").returncode == 0
+        gone = wait_for(lambda: not Path(f"/sys/fs/cgroup/pids/staccato/{cid}").exists(), timeout=10)
+        assert gone, "a container that failed its check was kept"
+        assert "failed its check" in srv.log_tail(200)
+
+
+def test_isolated_network_reaches_host_services_through_nat(tmp_path):
+    if not shutil.which("nft"):
+        pytest.skip("nft not installed")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+
+    def serve():
+        for _ in range(2):
+            c, _ = listener.accept()
+            c.sendall(b"hello from the host")
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    with own_server(tmp_path, extra=["--isolation", "container", "--pool-size", "1", "--network", "isolated"]) as srv:
+        srv.deploy(ISO / "staccato.yml")
+        host_ip = probe(srv)["host_ip"]
+        assert host_ip, out
+        out = probe(srv, connect=[[host_ip, port], ["127.0.0.1", port]])
+        assert out["connect"][f"{host_ip}:{port}"] == "ok:hello from the host", out
+        # Its own loopback is not the host's.
+        assert out["connect"][f"127.0.0.1:{port}"] == "ECONNREFUSED", out
+        assert sorted(out["interfaces"]) == sorted(["lo", next(i for i in out["interfaces"] if i != "lo")]), out
+        assert len(out["interfaces"]) == 2, out
+    listener.close()
