@@ -30,7 +30,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def iso(tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("iso"), extra=["--isolation", "container", "--pool-size", "2",
-                                                         "--pause-min-ms", "300", "--keep-alive-s", "600"])
+                                                         "--pause-min-ms", "300", "--pause-max-ms", "1500",
+                                                         "--keep-alive-s", "600"])
     try:
         srv.start()
         srv.deploy(ISO)
@@ -142,7 +143,7 @@ def test_idle_container_is_paused_and_a_call_resumes_it(iso):
     assert iso.invoke("other", b"{}").status == 200
     cid = iso.container("other")
     paused = wait_for(lambda: iso.function("other")["status"]["container"]["paused"], timeout=10)
-    assert paused, iso.function("other")
+    assert paused, (iso.function("other")["status"]["scheduler"], iso.log_tail(30))
     assert freezer_state(cid) == "FROZEN"
     t0 = time.perf_counter()
     r = iso.invoke("other", b"{}")
@@ -185,7 +186,7 @@ def test_container_with_foreign_mount_is_destroyed_not_reused(tmp_path):
         assert "failed its check" in srv.log_tail(200)
 
 
-def test_isolated_network_reaches_host_services_through_nat(tmp_path):
+def test_isolated_network_reaches_only_the_allowed_host_services(tmp_path):
     if not shutil.which("nft"):
         pytest.skip("nft not installed")
     listener = socket.socket()
@@ -200,14 +201,44 @@ def test_isolated_network_reaches_host_services_through_nat(tmp_path):
             c.close()
 
     threading.Thread(target=serve, daemon=True).start()
-    with own_server(tmp_path, extra=["--isolation", "container", "--pool-size", "1", "--network", "isolated"]) as srv:
+    extra = ["--isolation", "container", "--pool-size", "1", "--network", "isolated", "--host-ports", str(port)]
+    with own_server(tmp_path, extra=extra) as srv:
+        srv.deploy(ISO / "dirty.yml")
         srv.deploy(ISO / "staccato.yml")
         host_ip = probe(srv)["host_ip"]
-        assert host_ip, out
-        out = probe(srv, connect=[[host_ip, port], ["127.0.0.1", port]])
+        assert host_ip, "no STACCATO_HOST_IP in an isolated container"
+        out = probe(srv, connect=[[host_ip, port], ["127.0.0.1", port], [host_ip, srv.port]])
         assert out["connect"][f"{host_ip}:{port}"] == "ok:hello from the host", out
-        # Its own loopback is not the host's.
+        # Its own loopback is not the host's...
         assert out["connect"][f"127.0.0.1:{port}"] == "ECONNREFUSED", out
-        assert sorted(out["interfaces"]) == sorted(["lo", next(i for i in out["interfaces"] if i != "lo")]), out
-        assert len(out["interfaces"]) == 2, out
+        # ...and a host port not allowed (here the gateway's management API) is out of reach.
+        assert out["connect"][f"{host_ip}:{srv.port}"] in ("ETIMEDOUT", "ECONNREFUSED", "timed out"), out
+        assert len(out["interfaces"]) == 2 and "lo" in out["interfaces"], out
     listener.close()
+
+
+def test_host_network_mode_shares_the_hosts_interfaces(tmp_path):
+    with own_server(tmp_path, extra=["--isolation", "container", "--pool-size", "1", "--network", "host"]) as srv:
+        srv.deploy(ISO / "staccato.yml")
+        out = probe(srv)
+        host_ifs = [l.split(":")[0].strip() for l in Path("/proc/net/dev").read_text().splitlines()[2:]]
+        assert sorted(out["interfaces"]) == sorted(host_ifs), out
+        assert out["host_ip"] is None, out
+
+
+def test_long_paused_container_is_destroyed_and_restarted_on_demand(tmp_path):
+    extra = ["--isolation", "container", "--pool-size", "1", "--pause-min-ms", "100", "--pause-max-ms", "200",
+             "--keep-alive-s", "1"]
+    with own_server(tmp_path, extra=extra) as srv:
+        srv.deploy(ISO / "dirty.yml")
+        assert json.loads(ok_body(srv.invoke("dirty", b"check")))["leftover"] is False
+        first = srv.container("dirty")
+        # Paused after ~0.2 s, destroyed 1 s later: its memory goes back.
+        gone = wait_for(lambda: srv.function("dirty")["status"]["container"] is None, timeout=10)
+        assert gone, srv.function("dirty")["status"]
+        assert srv.function("dirty")["status"]["launcher"] == "down"
+        assert wait_for(lambda: not container_pids(first) or len(container_pids(first)) == 1, timeout=10)
+        # The next call starts it again, in a container from the pool.
+        r = srv.invoke("dirty", b"check", timeout=20)
+        assert r.status == 200, r
+        assert srv.container("dirty") not in (None,)

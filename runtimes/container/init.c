@@ -62,12 +62,17 @@ int main(void) {
     sa.sa_handler = forward;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    int ctl = open("/slot/ctl", O_RDONLY | O_CLOEXEC);
-    status_fd = open("/slot/status", O_WRONLY | O_CLOEXEC);
+    /* Non-blocking opens: the engine holds both FIFOs open before it starts
+     * us, so if it died meanwhile there is no peer, and we must exit rather
+     * than wait forever in open(). Blocking reads from then on. */
+    int ctl = open("/slot/ctl", O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    status_fd = open("/slot/status", O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     if (ctl < 0 || status_fd < 0) {
         perror("staccato-init: opening /slot");
         return 111;
     }
+    fcntl(ctl, F_SETFL, fcntl(ctl, F_GETFL) & ~O_NONBLOCK);
+    fcntl(status_fd, F_SETFL, fcntl(status_fd, F_GETFL) & ~O_NONBLOCK);
     (void)!write(status_fd, "READY\n", 6);
     static char buf[CMD_MAX + 1];
     static char *fields[FIELDS_MAX + 1];

@@ -20,7 +20,11 @@ pub(crate) fn run(shared: Arc<Shared>) {
         expire(&shared);
         n += 1;
         if n.is_multiple_of(HOUSEKEEPING_EVERY) {
-            housekeeping(&shared);
+            // A bug here must not stop the deadlines above for good.
+            let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| housekeeping(&shared)));
+            if ok.is_err() {
+                log::error!("housekeeping panicked; carrying on");
+            }
         }
     }
 }
@@ -89,7 +93,9 @@ pub(crate) fn pause_delay(rate_per_s: f64, processing_s: f64, replicas: usize, m
         return min;
     }
     let gap = replicas.max(1) as f64 / rate_per_s - processing_s;
-    Duration::from_secs_f64((1.5 * gap).max(0.0)).clamp(min, max)
+    // Clamped as seconds first: a tiny rate gives a gap no Duration holds.
+    let secs = (1.5 * gap).clamp(min.as_secs_f64(), max.as_secs_f64());
+    Duration::from_secs_f64(if secs.is_nan() { min.as_secs_f64() } else { secs })
 }
 
 fn reuse(shared: &Shared, f: &Function, cc: &crate::config::ContainerConfig) {
@@ -147,5 +153,7 @@ mod tests {
         assert_eq!(pause_delay(1000.0, 0.002, 1, lo, hi), lo);
         // ...and a rare one no later than the upper bound.
         assert_eq!(pause_delay(0.001, 0.0, 1, lo, hi), hi);
+        assert_eq!(pause_delay(1e-300, 0.0, 1, lo, hi), hi);
+        assert_eq!(pause_delay(f64::MIN_POSITIVE, f64::NAN, 1, lo, hi), lo);
     }
 }

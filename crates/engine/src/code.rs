@@ -235,6 +235,9 @@ pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, view: &V
                 path.push(old);
             }
             cmd.env("PYTHONPATH", path).env("STACCATO_HANDLER", spec.handler_or_default());
+            if spec.worker_mode == crate::spec::WorkerMode::Fork {
+                cmd.env("STACCATO_WORKER_MODE", "fork");
+            }
             cmd
         }
         Runtime::Node => {

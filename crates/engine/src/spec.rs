@@ -65,6 +65,24 @@ pub struct FunctionSpec {
     /// The container's process limit (a fork bomb stops here).
     #[serde(default = "default_pids")]
     pub pids: u32,
+    /// How a Python launcher makes workers (see runtimes/python/README.md).
+    #[serde(default)]
+    pub worker_mode: WorkerMode,
+}
+
+/// Python workers: coroutines in the launcher's process (`inline`: a new
+/// worker costs ~0.2 ms, all share one GIL), or processes forked from the
+/// launcher, which has already imported the handler (`fork`: the zygote of
+/// SOCK and Nuka §III.C; ~3 ms per worker instead of ~60–120 ms for a new
+/// interpreter, one GIL each, and a timed-out worker dies alone). C and C++
+/// workers are always forked from their host process; Go and Node.js
+/// workers always share theirs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerMode {
+    #[default]
+    Inline,
+    Fork,
 }
 
 pub fn default_memory_bytes() -> u64 {
@@ -160,6 +178,13 @@ impl FunctionSpec {
                 return Err(format!("invalid env variable name {k:?} (STACCATO_* is reserved)"));
             }
         }
+        if self.worker_mode == WorkerMode::Fork && self.runtime != Runtime::Python {
+            return Err(format!(
+                "worker_mode: fork is for python functions ({} workers are {})",
+                self.runtime.name(),
+                if self.runtime.multiplexed() { "goroutines or callbacks in one process" } else { "always forked" }
+            ));
+        }
         if self.memory_bytes < MEMORY_MIN {
             return Err(format!("memory must be at least 16Mi, got {} bytes", self.memory_bytes));
         }
@@ -199,6 +224,7 @@ mod tests {
             env: BTreeMap::new(),
             memory_bytes: default_memory_bytes(),
             pids: default_pids(),
+            worker_mode: WorkerMode::Inline,
         }
     }
 
@@ -221,5 +247,8 @@ mod tests {
         assert!(FunctionSpec { source_dir: "rel".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { memory_bytes: 1 << 20, ..spec() }.validate().unwrap_err().contains("16Mi"));
         assert!(FunctionSpec { pids: 2, ..spec() }.validate().unwrap_err().contains("pids"));
+        assert!(FunctionSpec { worker_mode: WorkerMode::Fork, ..spec() }.validate().is_ok());
+        let c_fork = FunctionSpec { runtime: Runtime::C, worker_mode: WorkerMode::Fork, ..spec() };
+        assert!(c_fork.validate().unwrap_err().contains("always forked"));
     }
 }

@@ -14,6 +14,7 @@
 //!     env: { GREETING: hi }
 //!     memory: 128Mi            # container memory limit (Ki, Mi, Gi or bytes)
 //!     pids: 64                 # container process limit
+//!     worker_mode: fork        # python: workers forked from the launcher
 //! ```
 //!
 //! Every error names the line it is about.
@@ -67,6 +68,8 @@ struct Entry {
     memory: Option<serde_yaml::Value>,
     #[serde(default = "spec::default_pids")]
     pids: u32,
+    #[serde(default)]
+    worker_mode: spec::WorkerMode,
 }
 
 /// Parses a manifest; relative `source` paths are resolved against `base`.
@@ -109,6 +112,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<FunctionSpec>, ManifestError
             env: e.env,
             memory_bytes,
             pids: e.pids,
+            worker_mode: e.worker_mode,
         };
         s.validate().map_err(err)?;
         out.push(s);

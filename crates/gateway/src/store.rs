@@ -90,6 +90,7 @@ mod tests {
             env: Default::default(),
             memory_bytes: 64 << 20,
             pids: 32,
+            worker_mode: Default::default(),
         };
         {
             let s = Store::open(&path).expect("open");

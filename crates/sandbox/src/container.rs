@@ -136,7 +136,7 @@ impl Container {
         let ctl = open("ctl", false)?;
         let status = open("status", true)?;
         let net = match (settings.network, nets) {
-            (Network::Isolated, Some(n)) => Some(n.create(index)?),
+            (Network::Isolated, Some(n)) => Some(n.create(crate::net_base(&settings.prefix) + index)?),
             _ => None,
         };
         let fail = |e: String, net: &Option<netns::Net>| {
@@ -394,6 +394,8 @@ impl Container {
 
     /// Removes the container for good.
     pub fn destroy(&self, settings: &Settings, nets: Option<&netns::Networks>) {
+        // A frozen process cannot even die.
+        let _ = write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "THAWED");
         let _ = runc(settings).args(["delete", "-f", &self.id]).stderr(Stdio::null()).status();
         for c in CONTROLLERS {
             let _ = fs::remove_dir(cgroup(&self.id, c));

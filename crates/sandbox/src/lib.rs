@@ -54,6 +54,10 @@ pub struct Settings {
     /// Read-only binds every container gets: (host path, container path).
     pub binds: Vec<(PathBuf, PathBuf)>,
     pub network: Network,
+    /// With an isolated network: the host loopback ports functions may
+    /// reach at `STACCATO_HOST_IP` (None: all of them, including the
+    /// gateway's and engine's own).
+    pub host_ports: Option<Vec<u16>>,
     /// Users are `uid_base + index`: no two containers share one.
     pub uid_base: u32,
     pub tmp_bytes: u64,
@@ -100,6 +104,14 @@ pub fn unavailable(runc: &Path, init: &Path) -> Option<String> {
         }
     }
     None
+}
+
+/// The first network index of an engine: engines on one machine share the
+/// address block, so each starts at its own offset (256 apart) to keep
+/// their /30s apart.
+pub fn net_base(prefix: &str) -> u32 {
+    let h = prefix.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (h % 63) as u32 * 256
 }
 
 /// Finds `name` on PATH.

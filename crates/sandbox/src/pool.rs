@@ -64,7 +64,10 @@ impl Pool {
     pub fn new(settings: Settings) -> Result<Pool, String> {
         fs::create_dir_all(&settings.dir).map_err(|e| format!("creating {}: {e}", settings.dir.display()))?;
         let nets = match settings.network {
-            Network::Isolated => Some(netns::Networks::new(&settings.prefix)?),
+            Network::Isolated => Some(match &settings.host_ports {
+                Some(ports) => netns::Networks::with_ports(&settings.prefix, ports)?,
+                None => netns::Networks::new(&settings.prefix)?,
+            }),
             Network::Host => None,
         };
         let (tx, rx) = channel();
@@ -264,6 +267,15 @@ impl Inner {
     fn remove_leftovers(&self) {
         let s = &self.settings;
         let mine = |name: &str| name.strip_prefix(&s.prefix).is_some_and(|r| r.starts_with('-'));
+        // Paused containers first: a frozen init never sees its engine go,
+        // and runc cannot kill what is frozen.
+        if let Ok(entries) = fs::read_dir("/sys/fs/cgroup/freezer/staccato") {
+            for e in entries.flatten() {
+                if mine(&e.file_name().to_string_lossy()) {
+                    let _ = fs::write(e.path().join("freezer.state"), "THAWED");
+                }
+            }
+        }
         if let Ok(entries) = fs::read_dir(&s.dir) {
             for e in entries.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();

@@ -22,7 +22,9 @@ pub enum IsolationArg {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum NetworkArg {
-    /// Share the host's network namespace (fastest).
+    /// Share the host's network namespace: no network isolation at all
+    /// (functions can reach every loopback service, the gateway's
+    /// management API included).
     Host,
     /// A network namespace per container, joined to the host by veth + NAT;
     /// host services on 127.0.0.1 are reachable at $STACCATO_HOST_IP.
@@ -86,8 +88,12 @@ pub struct EngineArgs {
     #[arg(long, default_value_t = 4)]
     pub pool_size: usize,
     /// Function containers' network.
-    #[arg(long, value_enum, default_value = "host")]
+    #[arg(long, value_enum, default_value = "isolated")]
     pub network: NetworkArg,
+    /// With --network isolated: host loopback ports functions reach at
+    /// $STACCATO_HOST_IP (Redis, PostgreSQL, memcached by default), or `all`.
+    #[arg(long, default_value = "6379,5432,11211")]
+    pub host_ports: String,
     /// Never pause idle containers.
     #[arg(long)]
     pub no_pause: bool,
@@ -160,7 +166,7 @@ pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
 
 /// The repository's runtimes/ directory: next to the binary
 /// (target/release/staccato → ../../runtimes), or the working directory's.
-fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf> {
+pub(crate) fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = arg {
         return Ok(p);
     }
@@ -264,6 +270,12 @@ fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str)
     cfg.python = e.python.clone();
     cfg.cache_dir = state.join("cache");
     cfg.containers = container_config(e, state, &cfg.runtimes_dir)?;
+    if let Some(cc) = &mut cfg.containers {
+        cc.pause = !e.no_pause;
+        cc.pause_min = Duration::from_millis(e.pause_min_ms);
+        cc.pause_max = Duration::from_millis(e.pause_max_ms.max(e.pause_min_ms));
+        cc.keep_alive = Duration::from_secs(e.keep_alive_s);
+    }
     match &cfg.containers {
         Some(cc) => log::info!(
             "isolation: runc containers (pool {}, network {})",
@@ -278,30 +290,60 @@ fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str)
 
 /// The container settings, or None for process isolation.
 fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Option<engine::ContainerConfig>> {
-    if e.isolation == IsolationArg::Process {
+    let network = match e.network {
+        NetworkArg::Host => sandbox::Network::Host,
+        NetworkArg::Isolated => sandbox::Network::Isolated,
+    };
+    let mut cc = containers(e.isolation, &e.runc, &e.python, network, e.pool_size, state, runtimes)?;
+    if let Some(cc) = &mut cc {
+        cc.sandbox.host_ports = match e.host_ports.trim() {
+            "all" => None,
+            "" => Some(Vec::new()),
+            list => Some(
+                list.split(',')
+                    .map(|p| p.trim().parse::<u16>().with_context(|| format!("--host-ports: bad port {p:?}")))
+                    .collect::<Result<_>>()?,
+            ),
+        };
+    }
+    Ok(cc)
+}
+
+/// Container settings for an engine (or a benchmark) with state in `state`.
+pub(crate) fn containers(
+    isolation: IsolationArg,
+    runc: &str,
+    python: &str,
+    network: sandbox::Network,
+    pool_size: usize,
+    state: &Path,
+    runtimes: &Path,
+) -> Result<Option<engine::ContainerConfig>> {
+    if isolation == IsolationArg::Process {
         return Ok(None);
     }
-    let runc = if e.runc.contains('/') { Some(PathBuf::from(&e.runc)) } else { sandbox::which(&e.runc) };
+    let runc_name = runc;
+    let runc = if runc.contains('/') { Some(PathBuf::from(runc)) } else { sandbox::which(runc) };
     let init = runtimes.join("container/build/staccato-init");
     let why = match &runc {
-        None => Some(format!("{} not found on PATH (Debian package runc)", e.runc)),
+        None => Some(format!("{runc_name} not found on PATH (Debian package runc)")),
         Some(r) => sandbox::unavailable(r, &init),
     };
     if let Some(why) = why {
-        if e.isolation == IsolationArg::Container {
+        if isolation == IsolationArg::Container {
             bail!("--isolation container: {why}");
         }
         log::warn!("functions run as plain processes, without isolation: {why}");
         return Ok(None);
     }
-    let out = Command::new(&e.python)
+    let out = Command::new(python)
         .args(["-c", "import sys; print(sys.executable); print(sys.base_prefix)"])
         .output()
-        .with_context(|| format!("running {}", e.python))?;
+        .with_context(|| format!("running {python}"))?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut lines = text.lines();
     let (Some(exe), Some(prefix)) = (lines.next(), lines.next()) else {
-        bail!("cannot ask {} where it lives: {}", e.python, String::from_utf8_lossy(&out.stderr));
+        bail!("cannot ask {python} where it lives: {}", String::from_utf8_lossy(&out.stderr));
     };
     let (python_exe, python_prefix) = (PathBuf::from(exe), PathBuf::from(prefix));
     // Several engines (or a test next to a `staccato up`) must not share
@@ -321,23 +363,21 @@ fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Opt
             (runtimes.to_path_buf(), engine::config::CONTAINER_RUNTIMES.into()),
             (python_prefix.clone(), engine::config::CONTAINER_PYTHON.into()),
         ],
-        network: match e.network {
-            NetworkArg::Host => sandbox::Network::Host,
-            NetworkArg::Isolated => sandbox::Network::Isolated,
-        },
+        network,
+        host_ports: None,
         uid_base: 200_000,
         tmp_bytes: 64 << 20,
         neutral: sandbox::Limits { memory_bytes: 64 << 20, pids: 32, cpu_shares: 1024 },
-        pool_size: e.pool_size,
+        pool_size,
     };
     Ok(Some(engine::ContainerConfig {
         sandbox,
         python_exe,
         python_prefix,
-        pause: !e.no_pause,
-        pause_min: Duration::from_millis(e.pause_min_ms),
-        pause_max: Duration::from_millis(e.pause_max_ms.max(e.pause_min_ms)),
-        keep_alive: Duration::from_secs(e.keep_alive_s),
+        pause: true,
+        pause_min: Duration::from_millis(100),
+        pause_max: Duration::from_secs(10),
+        keep_alive: Duration::from_secs(300),
     }))
 }
 

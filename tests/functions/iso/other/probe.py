@@ -14,6 +14,8 @@ def attempt(fn):
     try:
         r = fn()
         return "ok" if r is None else r
+    except TimeoutError:
+        return "ETIMEDOUT"
     except OSError as e:
         return errno.errorcode.get(e.errno, str(e.errno))
 
