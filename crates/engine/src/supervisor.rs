@@ -264,7 +264,7 @@ impl Supervisor {
     ) -> Result<(), String> {
         use crate::config::{CONTAINER_CODE, CONTAINER_IPC};
         let cfg = &self.shared.cfg;
-        let c = pool.take()?;
+        let c = pool.take(f.spec.runtime == crate::spec::Runtime::Python)?;
         let start = (|| {
             OpenOptions::new()
                 .create(true)
@@ -306,7 +306,9 @@ impl Supervisor {
             mounts.extend(crate::code::View::dep_mounts(&f.code_dir));
             let limits =
                 sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: 1024 };
-            let s = sandbox::Start { mounts, limits, argv, env, cwd: CONTAINER_CODE.into(), log: f.log_path.clone() };
+            let python = f.spec.runtime == crate::spec::Runtime::Python;
+            let log = f.log_path.clone();
+            let s = sandbox::Start { mounts, limits, argv, env, cwd: CONTAINER_CODE.into(), log, python };
             c.start(&s)
         })();
         let pid = match start {

@@ -31,6 +31,10 @@ pub struct Container {
     /// What /proc/<init>/mountinfo held right after creation.
     template: Vec<String>,
     assigned: Mutex<Assigned>,
+    /// The warm Python launcher waiting in here (pid inside), if any, and
+    /// the FIFO it waits on.
+    warm: Mutex<Option<u32>>,
+    warm_fifo: File,
 }
 
 #[derive(Default)]
@@ -106,7 +110,14 @@ fn mount_table(pid: u32) -> io::Result<Vec<String>> {
 impl Container {
     /// Makes a container with its init waiting for a command. Takes about
     /// 30–40 ms (runc), plus the network namespace when isolated.
-    pub fn create(settings: &Settings, nets: Option<&netns::Networks>, index: u32) -> Result<Container, String> {
+    /// `warm`: also start the warm Python launcher (worth it only for a
+    /// container that will wait in the pool).
+    pub fn create(
+        settings: &Settings,
+        nets: Option<&netns::Networks>,
+        index: u32,
+        warm: bool,
+    ) -> Result<Container, String> {
         let id = format!("{}-{index}", settings.prefix);
         let dir = settings.dir.join(&id);
         let _ = runc(settings).args(["delete", "-f", &id]).stderr(Stdio::null()).status();
@@ -115,7 +126,7 @@ impl Container {
         let made = (|| -> io::Result<()> {
             fs::create_dir_all(dir.join("slot"))?;
             bundle::make_rootfs(&dir.join("rootfs"), settings)?;
-            for fifo in ["ctl", "status"] {
+            for fifo in ["ctl", "status", "warm"] {
                 let p = dir.join("slot").join(fifo);
                 ipc::mkfifo(&p)?;
                 chown(&p, Some(uid), Some(uid))?;
@@ -135,8 +146,9 @@ impl Container {
         // end-of-file on ctl only when the engine is gone.
         let ctl = open("ctl", false)?;
         let status = open("status", true)?;
+        let warm_fifo = open("warm", false)?;
         let net = match (settings.network, nets) {
-            (Network::Isolated, Some(n)) => Some(n.create(crate::net_base(&settings.prefix) + index)?),
+            (Network::Isolated, Some(n)) => Some(create_net(n, &settings.prefix, index)?),
             _ => None,
         };
         let fail = |e: String, net: &Option<netns::Net>| {
@@ -186,6 +198,8 @@ impl Container {
             net: net.clone(),
             template,
             assigned: Mutex::new(Assigned::default()),
+            warm: Mutex::new(None),
+            warm_fifo: warm_fifo.try_clone().expect("dup of an open fifo"),
         };
         match reader.line(Duration::from_secs(10)) {
             Some(l) if l == "READY" && init_pid != 0 => {}
@@ -196,7 +210,65 @@ impl Container {
             }
         }
         let template = mount_table(init_pid).unwrap_or_default();
-        Ok(c(reader, template))
+        let c = c(reader, template);
+        if let Err(e) = if warm { c.warm_up(settings) } else { Ok(()) } {
+            c.destroy(settings, nets);
+            return Err(e);
+        }
+        Ok(c)
+    }
+
+    /// Starts the warm Python launcher, if the settings ask for one, and
+    /// waits until it has done its imports.
+    fn warm_up(&self, settings: &Settings) -> Result<(), String> {
+        let Some((argv, env)) = &settings.warm_python else { return Ok(()) };
+        let mut env = env.clone();
+        env.push(("STACCATO_WARM_FIFO".into(), format!("{SLOT}/warm")));
+        env.push(("STACCATO_WARM_STATUS".into(), format!("{SLOT}/status")));
+        let pid = self.command("/", argv, &env)?;
+        match self.status.lock().unwrap_or_else(|p| p.into_inner()).line(Duration::from_secs(20)) {
+            Some(l) if l.starts_with("WARM ") => {
+                *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = Some(pid);
+                Ok(())
+            }
+            other => Err(format!("warm Python launcher in {} did not come up: {other:?}", self.id)),
+        }
+    }
+
+    /// Has init start `argv`; returns its pid inside the container.
+    fn command(&self, cwd: &str, argv: &[String], env: &[(String, String)]) -> Result<u32, String> {
+        let mut body = Vec::new();
+        let mut push = |s: &str| {
+            body.extend_from_slice(s.as_bytes());
+            body.push(0);
+        };
+        push(cwd);
+        push(LOG);
+        push(&argv.len().to_string());
+        for arg in argv {
+            push(arg);
+        }
+        for (k, v) in env {
+            push(&format!("{k}={v}"));
+        }
+        if body.len() > 65536 {
+            return Err("launcher command longer than 64 KiB".into());
+        }
+        let mut msg = (body.len() as u32).to_le_bytes().to_vec();
+        msg.extend_from_slice(&body);
+        (&self.ctl).write_all(&msg).map_err(|e| format!("sending the command to {}: {e}", self.id))?;
+        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let line = status.line(Duration::from_secs(5));
+            // News of an earlier process (a killed warm launcher) may come first.
+            if line.as_deref().is_some_and(|l| l.starts_with("EXIT ")) {
+                continue;
+            }
+            return match line.as_deref().and_then(|l| l.strip_prefix("STARTED ")) {
+                Some(pid) => pid.trim().parse().map_err(|_| format!("bad status line {line:?}")),
+                None => Err(format!("container {} did not start {:?}: {line:?}", self.id, argv.first())),
+            };
+        }
     }
 
     /// Gives the container to a function: mounts, limits, then its launcher.
@@ -227,32 +299,33 @@ impl Container {
         self.set_limits(&s.limits)?;
         a.oom_kills_at_start = self.oom_kills();
         drop(a);
-        // The command: cwd, log, argc, argv, env (see runtimes/container/init.c).
-        let mut body = Vec::new();
-        let mut push = |s: &str| {
-            body.extend_from_slice(s.as_bytes());
-            body.push(0);
-        };
-        push(&s.cwd);
-        push(LOG);
-        push(&s.argv.len().to_string());
-        for arg in &s.argv {
-            push(arg);
+        let warm = self.warm.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match warm {
+            Some(pid) if s.python => {
+                // The warm interpreter becomes the launcher.
+                let env: serde_json::Map<String, serde_json::Value> =
+                    s.env.iter().map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str()))).collect();
+                let body = serde_json::json!({ "env": env, "cwd": s.cwd }).to_string();
+                let mut msg = (body.len() as u32).to_le_bytes().to_vec();
+                msg.extend_from_slice(body.as_bytes());
+                (&self.warm_fifo).write_all(&msg).map_err(|e| format!("assigning {}: {e}", self.id))?;
+                Ok(pid)
+            }
+            Some(_) => {
+                // Not for this runtime: out of the way first.
+                if !self.kill_all() {
+                    return Err(format!("the warm launcher in {} would not die", self.id));
+                }
+                let _ = self.poll_status();
+                self.command(&s.cwd, &s.argv, &s.env)
+            }
+            None => self.command(&s.cwd, &s.argv, &s.env),
         }
-        for (k, v) in &s.env {
-            push(&format!("{k}={v}"));
-        }
-        if body.len() > 65536 {
-            return Err("launcher command longer than 64 KiB".into());
-        }
-        let mut msg = (body.len() as u32).to_le_bytes().to_vec();
-        msg.extend_from_slice(&body);
-        (&self.ctl).write_all(&msg).map_err(|e| format!("sending the command to {}: {e}", self.id))?;
-        let line = self.status.lock().unwrap_or_else(|p| p.into_inner()).line(Duration::from_secs(5));
-        match line.as_deref().and_then(|l| l.strip_prefix("STARTED ")) {
-            Some(pid) => pid.trim().parse().map_err(|_| format!("bad status line {line:?}")),
-            None => Err(format!("container {} did not start the launcher: {line:?}", self.id)),
-        }
+    }
+
+    /// Whether a warm Python launcher waits in here.
+    pub fn is_warm(&self) -> bool {
+        self.warm.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }
 
     /// Status lines init wrote since the last call ("EXIT <pid> <status>").
@@ -345,7 +418,7 @@ impl Container {
             for p in rest {
                 let _ = ipc::kill(p);
             }
-            std::thread::sleep(Duration::from_millis(1));
+            std::thread::sleep(Duration::from_micros(100));
         }
     }
 
@@ -368,7 +441,7 @@ impl Container {
     /// Makes a returned container as good as new (Nuka's checker): no
     /// process but init, no mount but the template's, a fresh /tmp, neutral
     /// limits, an untouched network. Err means: destroy it instead.
-    pub fn reset(&self, settings: &Settings, nets: Option<&netns::Networks>) -> Result<(), String> {
+    pub fn reset(&self, settings: &Settings, nets: Option<&netns::Networks>, warm: bool) -> Result<(), String> {
         if !self.kill_all() {
             return Err("processes survived SIGKILL".into());
         }
@@ -389,7 +462,12 @@ impl Container {
         if let (Some(n), Some(nets)) = (&self.net, nets) {
             nets.check(n)?;
         }
-        self.set_limits(&settings.neutral)
+        self.set_limits(&settings.neutral)?;
+        *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if warm {
+            self.warm_up(settings)?;
+        }
+        Ok(())
     }
 
     /// Removes the container for good.
@@ -410,6 +488,24 @@ impl Container {
     pub fn slot_dir(&self) -> PathBuf {
         self.dir.join(SLOT.trim_start_matches('/'))
     }
+}
+
+/// A network namespace for container `index`: at this engine's offset in
+/// the shared address block, or further on if another engine (or one that
+/// crashed) holds that /30.
+fn create_net(nets: &netns::Networks, prefix: &str, index: u32) -> Result<netns::Net, String> {
+    let mut first_err = None;
+    for k in 0..64 {
+        let i = (crate::net_base(prefix) + index + k * 256) % netns::NETS_MAX;
+        match nets.create(i) {
+            Ok(n) => return Ok(n),
+            Err(e) if e.contains("already") => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(first_err.unwrap_or_default())
 }
 
 fn diff(a: &[String], b: &[String]) -> Vec<String> {

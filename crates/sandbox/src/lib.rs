@@ -65,6 +65,9 @@ pub struct Settings {
     pub neutral: Limits,
     /// Containers kept ready.
     pub pool_size: usize,
+    /// A warm Python launcher to keep running in every pooled container
+    /// (runtimes/python/staccato/warm.py): its argv and environment.
+    pub warm_python: Option<(Vec<String>, Vec<(String, String)>)>,
 }
 
 /// A bind mount given to one function.
@@ -85,6 +88,9 @@ pub struct Start {
     pub cwd: String,
     /// The host file that receives the launcher's stdout and stderr.
     pub log: PathBuf,
+    /// A Python launcher: hand it to the container's warm interpreter, if
+    /// it has one, instead of starting `argv`.
+    pub python: bool,
 }
 
 /// Why containers cannot be used here, or None when they can.

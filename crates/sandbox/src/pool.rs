@@ -32,6 +32,8 @@ impl PoolStats {
     }
 }
 
+const REFILL_DELAY: Duration = Duration::from_millis(30);
+
 enum Job {
     Refill,
     Return(Arc<Container>, bool),
@@ -46,6 +48,8 @@ struct Inner {
     jobs: Mutex<Sender<Job>>,
     stopping: AtomicBool,
     target: AtomicUsize,
+    /// Kinds (warm or not) to make next, in the order they were taken.
+    wanted: Mutex<VecDeque<bool>>,
     created: AtomicU64,
     reused: AtomicU64,
     destroyed: AtomicU64,
@@ -80,6 +84,7 @@ impl Pool {
             jobs: Mutex::new(tx),
             stopping: AtomicBool::new(false),
             target: AtomicUsize::new(target),
+            wanted: Mutex::new(VecDeque::new()),
             created: AtomicU64::new(0),
             reused: AtomicU64::new(0),
             destroyed: AtomicU64::new(0),
@@ -93,7 +98,15 @@ impl Pool {
             .spawn(move || loop {
                 match rx.recv_timeout(Duration::from_millis(500)) {
                     Ok(Job::Return(c, reuse)) => bg.put_back(c, reuse),
-                    Ok(Job::Refill) | Err(RecvTimeoutError::Timeout) => bg.refill(),
+                    Ok(Job::Refill) => {
+                        // Not at once: a container was just taken, and a
+                        // runc run (a Go binary, ~30 ms of CPU) beside the
+                        // function's start would slow that start down on a
+                        // small machine. Starts take a few ms.
+                        std::thread::sleep(REFILL_DELAY);
+                        bg.refill()
+                    }
+                    Err(RecvTimeoutError::Timeout) => bg.refill(),
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
                 if bg.stopping.load(Ordering::Relaxed) {
@@ -119,13 +132,32 @@ impl Pool {
     }
 
     /// A ready container: from the pool when it has one, else made now.
-    pub fn take(&self) -> Result<Arc<Container>, String> {
-        let c = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+    /// `python`: the container is for a Python function, which starts
+    /// fastest in one with a warm interpreter; anything else starts fastest
+    /// in one without (no interpreter to kill first). The pool refills with
+    /// the kind just taken, so its mix follows the demand.
+    pub fn take(&self, python: bool) -> Result<Arc<Container>, String> {
+        let warm_wanted = python && self.inner.settings.warm_python.is_some();
+        if self.inner.settings.warm_python.is_some() {
+            let mut wanted = self.inner.wanted.lock().unwrap_or_else(|p| p.into_inner());
+            wanted.push_back(warm_wanted);
+            while wanted.len() > self.inner.target().max(1) {
+                wanted.pop_front();
+            }
+        }
+        let c = {
+            let mut idle = self.inner.idle.lock().unwrap_or_else(|p| p.into_inner());
+            match idle.iter().position(|c| c.is_warm() == warm_wanted) {
+                Some(i) => idle.remove(i),
+                None => idle.pop_front(),
+            }
+        };
         let c = match c {
             Some(c) => c,
             None => {
                 self.inner.misses.fetch_add(1, Ordering::Relaxed);
-                Arc::new(self.inner.create()?)
+                // Used at once: no point warming an interpreter for it.
+                Arc::new(self.inner.create(false)?)
             }
         };
         self.send(Job::Refill);
@@ -194,7 +226,7 @@ impl Inner {
         self.target.load(Ordering::Relaxed)
     }
 
-    fn create(&self) -> Result<Container, String> {
+    fn create(&self, warm: bool) -> Result<Container, String> {
         let index = {
             let mut used = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
             let i = (0..).find(|i| !used.contains(i)).expect("u32 indexes");
@@ -202,7 +234,7 @@ impl Inner {
             i
         };
         let t0 = Instant::now();
-        match Container::create(&self.settings, self.nets.as_ref(), index) {
+        match Container::create(&self.settings, self.nets.as_ref(), index, warm) {
             Ok(c) => {
                 self.created.fetch_add(1, Ordering::Relaxed);
                 self.create_us_last.store(t0.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -220,7 +252,12 @@ impl Inner {
             if self.idle.lock().unwrap_or_else(|p| p.into_inner()).len() >= self.target() {
                 return;
             }
-            match self.create() {
+            // With no takes yet to go by: half warm, half not.
+            let warm = self.wanted.lock().unwrap_or_else(|p| p.into_inner()).pop_front().unwrap_or_else(|| {
+                let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+                idle.iter().filter(|c| c.is_warm()).count() * 2 <= idle.len()
+            });
+            match self.create(warm && self.settings.warm_python.is_some()) {
                 Ok(c) => self.idle.lock().unwrap_or_else(|p| p.into_inner()).push_back(Arc::new(c)),
                 Err(e) => {
                     log::error!("isolation pool: {e}");
@@ -235,7 +272,9 @@ impl Inner {
         if !reuse || self.stopping.load(Ordering::Relaxed) {
             return self.destroy(c);
         }
-        match c.reset(&self.settings, self.nets.as_ref()) {
+        let warm = self.settings.warm_python.is_some()
+            && self.wanted.lock().unwrap_or_else(|p| p.into_inner()).pop_front().unwrap_or(false);
+        match c.reset(&self.settings, self.nets.as_ref(), warm) {
             Ok(()) => {
                 self.reused.fetch_add(1, Ordering::Relaxed);
                 // Handed out first; beyond the target, the newest go.

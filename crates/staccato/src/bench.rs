@@ -25,6 +25,8 @@ pub enum BenchCmd {
     Micro(MicroArgs),
     /// Open-loop workload from a FaaSProfiler-style JSON config (see crates/loadgen).
     Run(RunArgs),
+    /// Container cold starts: runc run vs the isolation pool vs resume vs zygote fork.
+    Coldstart(crate::coldstart::ColdArgs),
     /// Analyze a run directory (python3 -m staccato_analyzer analyze).
     Analyze { run: PathBuf },
     /// Compare run directories (python3 -m staccato_analyzer compare).
@@ -88,6 +90,7 @@ pub fn run(cmd: BenchCmd, gateway: &str) -> Result<()> {
     match cmd {
         BenchCmd::Micro(a) => micro(a),
         BenchCmd::Run(a) => run_workload(a, gateway),
+        BenchCmd::Coldstart(a) => crate::coldstart::run(a),
         BenchCmd::Analyze { run } => analyzer_checked("analyze", &[run]),
         BenchCmd::Compare { mut runs, out } => {
             if let Some(out) = out {

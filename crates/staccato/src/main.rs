@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod coldstart;
 mod cache_cmd;
 mod client;
 mod new;
