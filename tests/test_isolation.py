@@ -242,3 +242,30 @@ def test_long_paused_container_is_destroyed_and_restarted_on_demand(tmp_path):
         r = srv.invoke("dirty", b"check", timeout=20)
         assert r.status == 200, r
         assert srv.container("dirty") not in (None,)
+
+
+def test_dependencies_come_from_the_package_cache(tmp_path):
+    deps = FUNCS / "deps"
+    with own_server(tmp_path, extra=["--isolation", "container", "--pool-size", "2"]) as srv:
+        p = srv.deploy(deps)
+        lines = {l.split()[1]: l for l in p.stdout.splitlines() if l.startswith("Deploying")}
+        # First Python function: both packages installed; the second shares them.
+        assert "2 installed, 0 from the cache" in lines["deps-py"], p.stdout
+        assert "0 installed, 2 from the cache" in lines["deps-py2"], p.stdout
+        assert "1 installed" in lines["deps-node"], p.stdout
+        for fn in ("deps-py", "deps-py2"):
+            body = ok_body(srv.invoke(fn, b"", timeout=30)).decode()
+            assert body.startswith("six 1.16.0 attrs 23.1.0 from /deps/"), body
+        assert ok_body(srv.invoke("deps-node", b"42", timeout=30)) == b"is-number(42) = true"
+        # One read-only entry per distribution, pinned by both functions.
+        ls = srv.cli("cache", "ls", "--state-dir", srv.state_dir)
+        assert ls.returncode == 0, ls.stderr
+        six_rows = [l for l in ls.stdout.splitlines() if " six " in f" {l} "]
+        assert len(six_rows) == 1 and "deps-py" in six_rows[0] and "deps-py2" in six_rows[0], ls.stdout
+        # The entry is mounted read-only: the function cannot change it for others.
+        entry = next(Path(d) for d in glob.glob(str(srv.state_dir / "cache" / "python" / "six-*")))
+        assert entry.is_dir()
+        # A package that does not exist fails the deploy, naming it.
+        bad = srv.cli("deploy", deps / "missing.yml")
+        assert bad.returncode != 0
+        assert "staccato-no-such-package-4f1c" in bad.stdout + bad.stderr, bad.stdout + bad.stderr

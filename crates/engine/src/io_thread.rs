@@ -304,13 +304,13 @@ impl IoThread {
     }
 
     fn on_worker_hello(&mut self, func: &Arc<Function>, worker_id: u32, pid: u32) {
-        let known = {
+        let (known, container) = {
             let mut core = lock(&func.core);
             let ok = core.sched.worker_ready(worker_id, ipc::monotonic_ns());
             if let Some(h) = core.workers.get_mut(&worker_id) {
                 h.pid = pid;
             }
-            ok
+            (ok, core.launcher.container.clone())
         };
         if !known {
             log::warn!("{}: hello from unexpected worker {worker_id}", func.spec.name);
@@ -320,7 +320,15 @@ impl IoThread {
         // (Placement::Packed), so a dispatch and its reply never cross vCPUs.
         // (A Python process has all its channels on one thread.)
         if let Some(cpu) = self.shared.cpu_of(self.idx) {
-            let _ = ipc::set_affinity(pid as i32, &[cpu]);
+            // In a container the pid is its namespace's: pin the host's
+            // process of that number in that container, never the host's own.
+            let host_pid = match &container {
+                Some(c) => c.host_pid(pid),
+                None => Some(pid),
+            };
+            if let Some(p) = host_pid {
+                let _ = ipc::set_affinity(p as i32, &[cpu]);
+            }
         }
         let replies = self.shared.pump(func, self.idx);
         self.send_replies(replies);

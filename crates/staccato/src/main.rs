@@ -275,16 +275,23 @@ fn ls(c: &mut Client, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<20} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}",
-        "NAME", "RUNTIME", "POOL", "MIN/MAX", "TAU", "RUNNING", "QUEUED", "CALLS", "FAILED"
+        "{:<20} {:<8} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}",
+        "NAME", "RUNTIME", "STATE", "POOL", "MIN/MAX", "TAU", "RUNNING", "QUEUED", "CALLS", "FAILED"
     );
     for f in v.as_array().into_iter().flatten() {
         let s = &f["status"]["scheduler"];
         let n = |x: &Value| x.as_u64().map_or("-".to_string(), |n| n.to_string());
+        // ready | paused (container frozen) | starting | down
+        let state = match (f["status"]["launcher"].as_str(), f["status"]["container"]["paused"].as_bool()) {
+            (Some("ready"), Some(true)) => "paused",
+            (Some(l), _) => l,
+            (None, _) => "-",
+        };
         println!(
-            "{:<20} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}",
+            "{:<20} {:<8} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}",
             f["name"].as_str().unwrap_or(""),
             f["runtime"].as_str().unwrap_or(""),
+            state,
             n(&s["pool"]),
             format!("{}/{}", f["min_workers"], f["max_workers"]),
             n(&s["tau"]),

@@ -1,0 +1,2 @@
+def handle(ctx, payload):
+    return payload
