@@ -43,6 +43,29 @@ def iso(tmp_path_factory):
     srv.cleanup()
 
 
+def comms(cid):
+    """Command names of a container's processes."""
+    out = []
+    for p in container_pids(cid):
+        try:
+            out.append(Path(f"/proc/{p}/comm").read_text().strip())
+        except OSError:
+            pass
+    return sorted(out)
+
+
+def idle_container(cid):
+    """Nothing runs in it but its init (and perhaps a warm Python launcher
+    waiting for a function: `python3 -m staccato.warm`)."""
+    def cmdline(p):
+        try:
+            return Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return "staccato.warm"  # gone meanwhile: not a leftover
+    pids = [p for p in container_pids(cid) if "staccato.warm" not in cmdline(p)]
+    return len(pids) == 1
+
+
 def probe(srv, fn="probe", **req):
     return json.loads(ok_body(srv.invoke(fn, json.dumps(req).encode(), timeout=20)))
 
@@ -72,6 +95,23 @@ def test_runs_unprivileged_in_its_own_namespaces(iso):
     assert out["write_tmp"] == "ok", out
     # No privileged system calls (seccomp and no capabilities).
     assert out["unshare"] == "EPERM" and out["mount"] == "EPERM" and out["setuid0"] == "EPERM", out
+
+
+def test_cpu_group_shared_with_the_engine_unless_a_share_is_asked(iso):
+    probe(iso)
+    probe(iso, "other")
+    shared, own = iso.container("probe"), iso.container("other")
+    prefix = shared.rsplit("-", 1)[0]
+    group = Path(f"/sys/fs/cgroup/cpu/staccato/{prefix}")
+    in_group = {int(p) for p in (group / "cgroup.procs").read_text().split()}
+    # The engine and probe's container share one CPU group (fast wakeups)...
+    assert iso.proc.pid in in_group
+    assert set(container_pids(shared)) <= in_group, (container_pids(shared), in_group)
+    # ...while `cpu_shares: 512` gives other a group of its own.
+    mine = Path(f"/sys/fs/cgroup/cpu/staccato/{own}")
+    assert (mine / "cpu.shares").read_text().strip() == "512"
+    assert set(container_pids(own)) == {int(p) for p in (mine / "cgroup.procs").read_text().split()}
+    assert not set(container_pids(own)) & in_group
 
 
 def test_cannot_read_another_functions_code_channels_or_payloads(iso):
@@ -163,7 +203,9 @@ def test_returned_container_is_cleaned_before_reuse(tmp_path):
         assert srv.cli("rm", "dirty").returncode == 0
         # The pool takes it back, kills the leftover, unmounts the function's
         # files and gives it a fresh /tmp; the next deploy reuses it.
-        assert wait_for(lambda: len(container_pids(cid)) == 1, timeout=10), container_pids(cid)
+        # Only init is left (and perhaps a new warm Python launcher).
+        clean = wait_for(lambda: "sleep" not in comms(cid) and idle_container(cid), timeout=10)
+        assert clean, comms(cid)
         time.sleep(0.5)
         srv.deploy(ISO / "dirty.yml")
         assert srv.container("dirty") == cid, "the cleaned container was not reused"
@@ -237,7 +279,8 @@ def test_long_paused_container_is_destroyed_and_restarted_on_demand(tmp_path):
         gone = wait_for(lambda: srv.function("dirty")["status"]["container"] is None, timeout=10)
         assert gone, srv.function("dirty")["status"]
         assert srv.function("dirty")["status"]["launcher"] == "down"
-        assert wait_for(lambda: not container_pids(first) or len(container_pids(first)) == 1, timeout=10)
+        # Its launcher is gone (the container was destroyed, or cleaned for reuse).
+        assert wait_for(lambda: not container_pids(first) or idle_container(first), timeout=10), comms(first)
         # The next call starts it again, in a container from the pool.
         r = srv.invoke("dirty", b"check", timeout=20)
         assert r.status == 200, r

@@ -65,6 +65,11 @@ pub struct FunctionSpec {
     /// The container's process limit (a fork bomb stops here).
     #[serde(default = "default_pids")]
     pub pids: u32,
+    /// A CPU group of its own with this weight (cgroup cpu.shares; 1024 is
+    /// a normal share). Unset: the function shares the engine's CPU group,
+    /// which is faster (see sandbox::shared_cpu_group).
+    #[serde(default)]
+    pub cpu_shares: Option<u32>,
     /// How a Python launcher makes workers (see runtimes/python/README.md).
     #[serde(default)]
     pub worker_mode: WorkerMode,
@@ -185,6 +190,9 @@ impl FunctionSpec {
                 if self.runtime.multiplexed() { "goroutines or callbacks in one process" } else { "always forked" }
             ));
         }
+        if self.cpu_shares.is_some_and(|s| !(2..=262_144).contains(&s)) {
+            return Err(format!("cpu_shares must be between 2 and 262144, got {}", self.cpu_shares.unwrap_or(0)));
+        }
         if self.memory_bytes < MEMORY_MIN {
             return Err(format!("memory must be at least 16Mi, got {} bytes", self.memory_bytes));
         }
@@ -225,6 +233,7 @@ mod tests {
             memory_bytes: default_memory_bytes(),
             pids: default_pids(),
             worker_mode: WorkerMode::Inline,
+            cpu_shares: None,
         }
     }
 

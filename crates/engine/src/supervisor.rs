@@ -305,7 +305,7 @@ impl Supervisor {
             ];
             mounts.extend(crate::code::View::dep_mounts(&f.code_dir));
             let limits =
-                sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: 1024 };
+                sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: f.spec.cpu_shares };
             let python = f.spec.runtime == crate::spec::Runtime::Python;
             let log = f.log_path.clone();
             let s = sandbox::Start { mounts, limits, argv, env, cwd: CONTAINER_CODE.into(), log, python };

@@ -15,6 +15,7 @@
 //!     memory: 128Mi            # container memory limit (Ki, Mi, Gi or bytes)
 //!     pids: 64                 # container process limit
 //!     worker_mode: fork        # python: workers forked from the launcher
+//!     cpu_shares: 512          # a CPU group of its own with this weight
 //! ```
 //!
 //! Every error names the line it is about.
@@ -70,6 +71,8 @@ struct Entry {
     pids: u32,
     #[serde(default)]
     worker_mode: spec::WorkerMode,
+    #[serde(default)]
+    cpu_shares: Option<u32>,
 }
 
 /// Parses a manifest; relative `source` paths are resolved against `base`.
@@ -113,6 +116,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<FunctionSpec>, ManifestError
             memory_bytes,
             pids: e.pids,
             worker_mode: e.worker_mode,
+            cpu_shares: e.cpu_shares,
         };
         s.validate().map_err(err)?;
         out.push(s);

@@ -91,6 +91,7 @@ mod tests {
             memory_bytes: 64 << 20,
             pids: 32,
             worker_mode: Default::default(),
+            cpu_shares: None,
         };
         {
             let s = Store::open(&path).expect("open");

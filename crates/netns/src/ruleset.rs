@@ -20,6 +20,13 @@
 ///   else. net.ipv4.ip_forward is 0 here and must stay so, but the table
 ///   must not depend on another tenant of the machine keeping it so.
 ///
+/// * `untracked_loopback` (raw, prerouting and output): a nat chain turns
+///   connection tracking on for every packet of the host, and loopback
+///   carries the gateway's and engine's own traffic; tracking it cost ~30%
+///   of the external call throughput (BENCHMARKS.md). Packets on `lo` are
+///   left untracked; the DNAT path never uses `lo` (it arrives on a veth,
+///   its replies leave by one), so it is tracked as before.
+///
 /// No masquerade: no packet leaves the machine, and replies from 127.0.0.1
 /// are rewritten back to the veth address by the DNAT's conntrack entry.
 ///
@@ -44,6 +51,14 @@ pub(crate) fn install(table: &str, host_if_lead: &str, ports: Option<&[u16]>) ->
         "table inet {table}\n\
          delete table inet {table}\n\
          table inet {table} {{\n\
+         \tchain untracked_loopback_in {{\n\
+         \t\ttype filter hook prerouting priority raw; policy accept;\n\
+         \t\tiif lo notrack\n\
+         \t}}\n\
+         \tchain untracked_loopback_out {{\n\
+         \t\ttype filter hook output priority raw; policy accept;\n\
+         \t\toif lo notrack\n\
+         \t}}\n\
          \tchain dnat_to_loopback {{\n\
          \t\ttype nat hook prerouting priority dstnat; policy accept;\n\
          {dnat}\

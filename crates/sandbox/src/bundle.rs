@@ -99,7 +99,7 @@ pub fn config(settings: &Settings, id: &str, dir: &Path, uid: u32, netns: Option
             "resources": {
                 "devices": [{ "allow": false, "access": "rwm" }],
                 "memory": { "limit": limits.memory_bytes, "swap": limits.memory_bytes },
-                "cpu": { "shares": limits.cpu_shares },
+                "cpu": { "shares": limits.cpu_shares.unwrap_or(1024) },
                 "pids": { "limit": limits.pids }
             },
             "cgroupsPath": format!("/staccato/{id}"),

@@ -209,6 +209,15 @@ impl Container {
                 return Err(format!("container {id} did not report ready (got {other:?})"));
             }
         }
+        // Before anything else runs in it: children inherit the group.
+        let shared = crate::shared_cpu_group(&settings.prefix);
+        if shared.is_dir() {
+            if let Err(e) = fs::write(shared.join("cgroup.procs"), init_pid.to_string()) {
+                let c = c(reader, Vec::new());
+                c.destroy(settings, nets);
+                return Err(format!("moving {id} into the engine's CPU group: {e}"));
+            }
+        }
         let template = mount_table(init_pid).unwrap_or_default();
         let c = c(reader, template);
         if let Err(e) = if warm { c.warm_up(settings) } else { Ok(()) } {
@@ -356,7 +365,24 @@ impl Container {
             write_file(&memsw, &v)?;
         }
         write_file(&cgroup(&self.id, "pids").join("pids.max"), &l.pids.to_string())?;
-        write_file(&cgroup(&self.id, "cpu").join("cpu.shares"), &l.cpu_shares.to_string())
+        let own = cgroup(&self.id, "cpu");
+        let group = match l.cpu_shares {
+            Some(shares) => {
+                write_file(&own.join("cpu.shares"), &shares.to_string())?;
+                own
+            }
+            None => crate::shared_cpu_group(&self.settings_prefix()),
+        };
+        if group.is_dir() {
+            for p in self.pids() {
+                write_file(&group.join("cgroup.procs"), &p.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn settings_prefix(&self) -> String {
+        self.id.rsplit_once('-').map_or(self.id.clone(), |(p, _)| p.to_string())
     }
 
     /// How many processes the kernel's OOM killer has killed in here.

@@ -38,7 +38,10 @@ impl Network {
 pub struct Limits {
     pub memory_bytes: u64,
     pub pids: u32,
-    pub cpu_shares: u32,
+    /// None: the container's processes run in the engine's own CPU group
+    /// (see [`shared_cpu_group`]); Some: a CPU group of their own with
+    /// this weight.
+    pub cpu_shares: Option<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +121,16 @@ pub fn unavailable(runc: &Path, init: &Path) -> Option<String> {
 pub fn net_base(prefix: &str) -> u32 {
     let h = prefix.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
     (h % 63) as u32 * 256
+}
+
+/// The CPU cgroup an engine and its functions' containers share. A wakeup
+/// between tasks of two CPU groups (or two autogroups) goes through group
+/// scheduling, and a container in a group of its own cost a third of the
+/// external call throughput here (BENCHMARKS.md); so by default the engine
+/// moves itself into this group and puts every container in it, and only a
+/// function that asks for a CPU share gets a group of its own.
+pub fn shared_cpu_group(prefix: &str) -> PathBuf {
+    Path::new("/sys/fs/cgroup/cpu/staccato").join(prefix)
 }
 
 /// Finds `name` on PATH.

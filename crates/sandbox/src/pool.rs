@@ -67,6 +67,11 @@ impl Pool {
     /// starts filling the pool in the background.
     pub fn new(settings: Settings) -> Result<Pool, String> {
         fs::create_dir_all(&settings.dir).map_err(|e| format!("creating {}: {e}", settings.dir.display()))?;
+        // The engine joins the CPU group its containers will share.
+        let group = crate::shared_cpu_group(&settings.prefix);
+        fs::create_dir_all(&group)
+            .and_then(|()| fs::write(group.join("cgroup.procs"), std::process::id().to_string()))
+            .map_err(|e| format!("joining the CPU group {}: {e}", group.display()))?;
         let nets = match settings.network {
             Network::Isolated => Some(match &settings.host_ports {
                 Some(ports) => netns::Networks::with_ports(&settings.prefix, ports)?,
@@ -137,6 +142,9 @@ impl Pool {
     /// in one without (no interpreter to kill first). The pool refills with
     /// the kind just taken, so its mix follows the demand.
     pub fn take(&self, python: bool) -> Result<Arc<Container>, String> {
+        if self.inner.stopping.load(Ordering::Relaxed) {
+            return Err("the engine is shutting down".into());
+        }
         let warm_wanted = python && self.inner.settings.warm_python.is_some();
         if self.inner.settings.warm_python.is_some() {
             let mut wanted = self.inner.wanted.lock().unwrap_or_else(|p| p.into_inner());

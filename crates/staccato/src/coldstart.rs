@@ -185,7 +185,7 @@ impl Fx {
         };
         let start = sandbox::Start {
             mounts,
-            limits: sandbox::Limits { memory_bytes: 256 << 20, pids: 256, cpu_shares: 1024 },
+            limits: sandbox::Limits { memory_bytes: 256 << 20, pids: 256, cpu_shares: None },
             argv,
             env,
             cwd: CONTAINER_CODE.into(),

@@ -367,7 +367,7 @@ pub(crate) fn containers(
         host_ports: None,
         uid_base: 200_000,
         tmp_bytes: 64 << 20,
-        neutral: sandbox::Limits { memory_bytes: 64 << 20, pids: 32, cpu_shares: 1024 },
+        neutral: sandbox::Limits { memory_bytes: 64 << 20, pids: 32, cpu_shares: None },
         pool_size,
         warm_python: None,
     };
