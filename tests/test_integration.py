@@ -32,16 +32,9 @@ from harness import (BIN, Resp, FUNCS, HEX16, PAYLOAD_MAX, REPO, Server, alive_p
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("staccato"))
-    try:
-        srv.start()
+    with own_server(tmp_path_factory.mktemp("staccato")) as srv:
         srv.deploy(FUNCS)
-    except BaseException:
-        print(f"--- tail of {srv.log_path}\n{srv.log_tail()}")
-        srv.cleanup()
-        raise
-    yield srv
-    srv.cleanup()
+        yield srv
 
 
 @pytest.fixture(autouse=True)

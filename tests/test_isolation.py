@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import FUNCS, Server, check_error, ok_body, own_server, wait_for, container_pids
+from harness import FUNCS, check_error, ok_body, own_server, wait_for, container_pids
 
 ISO = FUNCS / "iso"
 
@@ -30,18 +30,11 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def iso(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("iso"), extra=["--isolation", "container", "--pool-size", "2",
-                                                         "--pause-min-ms", "300", "--pause-max-ms", "1500",
-                                                         "--keep-alive-s", "600"])
-    try:
-        srv.start()
+    extra = ["--isolation", "container", "--pool-size", "2", "--pause-min-ms", "300", "--pause-max-ms", "1500",
+             "--keep-alive-s", "600"]
+    with own_server(tmp_path_factory.mktemp("iso"), extra=extra) as srv:
         srv.deploy(ISO)
-    except BaseException:
-        print(f"--- tail of {srv.log_path}\n{srv.log_tail()}")
-        srv.cleanup()
-        raise
-    yield srv
-    srv.cleanup()
+        yield srv
 
 
 def comms(cid):

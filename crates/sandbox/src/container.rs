@@ -35,6 +35,10 @@ pub struct Container {
     /// the FIFO it waits on.
     warm: Mutex<Option<u32>>,
     warm_fifo: File,
+    /// The engine's CPU group, and whether the processes are in their own
+    /// group instead.
+    shared_cpu: PathBuf,
+    cpu_own: Mutex<bool>,
 }
 
 #[derive(Default)]
@@ -200,6 +204,8 @@ impl Container {
             assigned: Mutex::new(Assigned::default()),
             warm: Mutex::new(None),
             warm_fifo: warm_fifo.try_clone().expect("dup of an open fifo"),
+            shared_cpu: crate::shared_cpu_group(&settings.prefix),
+            cpu_own: Mutex::new(false),
         };
         match reader.line(Duration::from_secs(10)) {
             Some(l) if l == "READY" && init_pid != 0 => {}
@@ -366,23 +372,21 @@ impl Container {
         }
         write_file(&cgroup(&self.id, "pids").join("pids.max"), &l.pids.to_string())?;
         let own = cgroup(&self.id, "cpu");
-        let group = match l.cpu_shares {
-            Some(shares) => {
-                write_file(&own.join("cpu.shares"), &shares.to_string())?;
-                own
-            }
-            None => crate::shared_cpu_group(&self.settings_prefix()),
-        };
-        if group.is_dir() {
-            for p in self.pids() {
+        if let Some(shares) = l.cpu_shares {
+            write_file(&own.join("cpu.shares"), &shares.to_string())?;
+        }
+        // Moving a process between cgroups waits for an RCU grace period
+        // (~10 ms on this idle guest), so only when the group changes: a
+        // container starts in the shared group and most stay there.
+        let mut cpu_own = self.cpu_own.lock().unwrap_or_else(|p| p.into_inner());
+        if *cpu_own != l.cpu_shares.is_some() {
+            let group = if l.cpu_shares.is_some() { own } else { self.shared_cpu.clone() };
+            for p in self.pids().into_iter().filter(|_| group.is_dir()) {
                 write_file(&group.join("cgroup.procs"), &p.to_string())?;
             }
+            *cpu_own = l.cpu_shares.is_some();
         }
         Ok(())
-    }
-
-    fn settings_prefix(&self) -> String {
-        self.id.rsplit_once('-').map_or(self.id.clone(), |(p, _)| p.to_string())
     }
 
     /// How many processes the kernel's OOM killer has killed in here.
