@@ -88,7 +88,13 @@ fn housekeeping(shared: &Shared) {
 /// again for the load's jitter (Nuka sets it "slightly larger"), the load
 /// has dropped: pause. Clamped to configured bounds; with no calls seen yet
 /// the lower bound applies.
-pub(crate) fn pause_delay(rate_per_s: f64, processing_s: f64, replicas: usize, min: Duration, max: Duration) -> Duration {
+pub(crate) fn pause_delay(
+    rate_per_s: f64,
+    processing_s: f64,
+    replicas: usize,
+    min: Duration,
+    max: Duration,
+) -> Duration {
     if rate_per_s <= 0.0 || !rate_per_s.is_finite() {
         return min;
     }

@@ -58,7 +58,8 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
             }
             if code_dir.join("requirements.txt").is_file() {
                 let cache = open_cache(cfg)?;
-                let r = cache.python(Path::new(&cfg.python), &code_dir.join("requirements.txt"), &mut progress(spec))?;
+                let r =
+                    cache.python(Path::new(&cfg.python), &code_dir.join("requirements.txt"), &mut progress(spec))?;
                 deps.python = r.dirs;
                 deps.entries = r.entries;
                 deps.summary = summary(r.installed, r.cached);

@@ -382,8 +382,7 @@ impl Shared {
             }
             LauncherState::Starting => {}
             LauncherState::Down => {
-                let wanted =
-                    core.sched.queued() > 0 || (core.sched.min_workers > 0 && !core.launcher.idle_destroyed);
+                let wanted = core.sched.queued() > 0 || (core.sched.min_workers > 0 && !core.launcher.idle_destroyed);
                 let backing_off = core.launcher.failed_at.is_some_and(|t| t.elapsed() < LAUNCH_RETRY);
                 if wanted && !backing_off {
                     core.launcher.state = LauncherState::Starting;

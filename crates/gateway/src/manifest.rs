@@ -153,10 +153,7 @@ fn parse_size(v: &serde_yaml::Value) -> Result<u64, String> {
     }
     let s = v.as_str().ok_or_else(|| format!("memory must be a size like 128Mi, got {v:?}"))?.trim();
     let units = [("Ki", 10), ("Mi", 20), ("Gi", 30), ("K", 10), ("M", 20), ("G", 30)];
-    let (num, shift) = units
-        .iter()
-        .find_map(|(u, sh)| s.strip_suffix(u).map(|n| (n, *sh)))
-        .unwrap_or((s, 0));
+    let (num, shift) = units.iter().find_map(|(u, sh)| s.strip_suffix(u).map(|n| (n, *sh))).unwrap_or((s, 0));
     let n: u64 = num.trim().parse().map_err(|_| format!("memory {s:?} is not a size like 128Mi or 1Gi"))?;
     n.checked_shl(shift).filter(|b| b >> shift == n).ok_or_else(|| format!("memory {s:?} is too large"))
 }

@@ -535,25 +535,41 @@ pub mod mount {
     /// A new tmpfs (nosuid, nodev, mode 1777) to be attached at `dst`.
     pub fn tmpfs(dst: &Path, size_bytes: u64) -> io::Result<Detached> {
         // SAFETY: fsopen reads a NUL-terminated name, returns a new fd.
-        let fs = check(unsafe { libc::syscall(SYS_FSOPEN, c"tmpfs".as_ptr(), 1u32 /* FSOPEN_CLOEXEC */) }, "fsopen tmpfs")?;
+        let fs = check(
+            unsafe {
+                libc::syscall(SYS_FSOPEN, c"tmpfs".as_ptr(), 1u32 /* FSOPEN_CLOEXEC */)
+            },
+            "fsopen tmpfs",
+        )?;
         // SAFETY: fsopen succeeded; the fd is ours alone.
         let fs = unsafe { OwnedFd::from_raw_fd(fs as RawFd) };
         let size = CString::new(size_bytes.to_string()).expect("digits have no NUL");
         for (k, v) in [(c"size", size.as_c_str()), (c"mode", c"1777")] {
             // SAFETY: fsconfig reads the two NUL-terminated strings.
-            let rc = unsafe {
-                libc::syscall(SYS_FSCONFIG, fs.as_raw_fd(), FSCONFIG_SET_STRING, k.as_ptr(), v.as_ptr(), 0)
-            };
+            let rc =
+                unsafe { libc::syscall(SYS_FSCONFIG, fs.as_raw_fd(), FSCONFIG_SET_STRING, k.as_ptr(), v.as_ptr(), 0) };
             check(rc, "fsconfig")?;
         }
         // SAFETY: no pointers are passed.
         let rc = unsafe {
-            libc::syscall(SYS_FSCONFIG, fs.as_raw_fd(), FSCONFIG_CMD_CREATE, std::ptr::null::<u8>(), std::ptr::null::<u8>(), 0)
+            libc::syscall(
+                SYS_FSCONFIG,
+                fs.as_raw_fd(),
+                FSCONFIG_CMD_CREATE,
+                std::ptr::null::<u8>(),
+                std::ptr::null::<u8>(),
+                0,
+            )
         };
         check(rc, "fsconfig create")?;
         let attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
         // SAFETY: no pointers are passed; returns a new fd.
-        let m = check(unsafe { libc::syscall(SYS_FSMOUNT, fs.as_raw_fd(), 1u32 /* FSMOUNT_CLOEXEC */, attrs) }, "fsmount")?;
+        let m = check(
+            unsafe {
+                libc::syscall(SYS_FSMOUNT, fs.as_raw_fd(), 1u32 /* FSMOUNT_CLOEXEC */, attrs)
+            },
+            "fsmount",
+        )?;
         // SAFETY: fsmount succeeded; the fd is ours alone.
         let fd = unsafe { OwnedFd::from_raw_fd(m as RawFd) };
         Ok(Detached { fd, dst: cstr(dst)? })

@@ -12,8 +12,15 @@ use std::path::Path;
 
 /// Host files a function may need to read (user names, DNS, time zone,
 /// TLS roots, the dynamic linker's cache).
-const ETC_FILES: [&str; 7] =
-    ["/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/hosts", "/etc/resolv.conf", "/etc/ld.so.cache", "/etc/ssl"];
+const ETC_FILES: [&str; 7] = [
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/resolv.conf",
+    "/etc/ld.so.cache",
+    "/etc/ssl",
+];
 
 /// Where things appear inside every container.
 pub const SLOT: &str = "/slot";
@@ -72,7 +79,8 @@ pub fn config(settings: &Settings, id: &str, dir: &Path, uid: u32, netns: Option
     for (host, inside) in &settings.binds {
         mounts.push(bind(host, &inside.to_string_lossy(), false));
     }
-    let mut namespaces = vec![json!({"type": "pid"}), json!({"type": "ipc"}), json!({"type": "uts"}), json!({"type": "mount"})];
+    let mut namespaces =
+        vec![json!({"type": "pid"}), json!({"type": "ipc"}), json!({"type": "uts"}), json!({"type": "mount"})];
     match (settings.network, netns) {
         (Network::Isolated, Some(p)) => namespaces.push(json!({"type": "network", "path": p})),
         (Network::Isolated, None) => namespaces.push(json!({"type": "network"})),

@@ -162,7 +162,8 @@ impl Container {
             let _ = fs::remove_dir_all(&dir);
             Err(e)
         };
-        let config = bundle::config(settings, &id, &dir, uid, net.as_ref().map(|n| n.path.as_path()), &settings.neutral);
+        let config =
+            bundle::config(settings, &id, &dir, uid, net.as_ref().map(|n| n.path.as_path()), &settings.neutral);
         if let Err(e) = fs::write(dir.join("config.json"), config.to_string()) {
             return fail(format!("writing config.json: {e}"), &net);
         }
@@ -236,7 +237,7 @@ impl Container {
     /// Starts the warm Python launcher, if the settings ask for one, and
     /// waits until it has done its imports.
     fn warm_up(&self, settings: &Settings) -> Result<(), String> {
-        let Some((argv, env)) = &settings.warm_python else { return Ok(()) };
+        let Some(crate::Command { argv, env }) = &settings.warm_python else { return Ok(()) };
         let mut env = env.clone();
         env.push(("STACCATO_WARM_FIFO".into(), format!("{SLOT}/warm")));
         env.push(("STACCATO_WARM_STATUS".into(), format!("{SLOT}/status")));
@@ -307,7 +308,8 @@ impl Container {
                 made.map_err(|e| format!("making mountpoint {}: {e}", point.display()))?;
                 a.mountpoints.push(point);
             }
-            attach.push(ipc::mount::bind(&m.src, &m.dst, m.read_only).map_err(|e| format!("{}: {e}", m.src.display()))?);
+            attach
+                .push(ipc::mount::bind(&m.src, &m.dst, m.read_only).map_err(|e| format!("{}: {e}", m.src.display()))?);
             a.mounts.push(m.dst.clone());
         }
         ipc::mount::apply(self.init_pid, &[], &attach).map_err(|e| format!("mounting into {}: {e}", self.id))?;

@@ -68,9 +68,16 @@ pub struct Settings {
     pub neutral: Limits,
     /// Containers kept ready.
     pub pool_size: usize,
-    /// A warm Python launcher to keep running in every pooled container
-    /// (runtimes/python/staccato/warm.py): its argv and environment.
-    pub warm_python: Option<(Vec<String>, Vec<(String, String)>)>,
+    /// A warm Python launcher to keep running in pooled containers
+    /// (runtimes/python/staccato/warm.py).
+    pub warm_python: Option<Command>,
+}
+
+/// A program for a container's init to start: argv and environment.
+#[derive(Clone, Debug)]
+pub struct Command {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
 /// A bind mount given to one function.

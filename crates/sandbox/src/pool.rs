@@ -97,6 +97,8 @@ impl Pool {
             create_us_last: AtomicU64::new(0),
         });
         inner.remove_leftovers();
+        thaw_orphans();
+        let _ = fs::write(inner.settings.dir.join("engine.pid"), std::process::id().to_string());
         let bg = inner.clone();
         std::thread::Builder::new()
             .name("pool".into())
@@ -355,4 +357,47 @@ impl Inner {
             }
         }
     }
+}
+
+/// Thaws paused containers whose engine is gone, whatever their prefix: a
+/// frozen init never notices its engine died (it cannot run), so it would
+/// hold its memory forever. Thawed, it reads end-of-file and exits, and
+/// the kernel ends the rest. The engine is found through the file init's
+/// stderr points at (`<containers dir>/<id>/runc.err`, opened by runc on
+/// the host before the container's root changed) and the `engine.pid` the
+/// engine left beside it.
+fn thaw_orphans() {
+    let Ok(entries) = fs::read_dir("/sys/fs/cgroup/freezer/staccato") else { return };
+    for e in entries.flatten() {
+        let dir = e.path();
+        if fs::read_to_string(dir.join("freezer.state")).map_or(true, |s| s.trim() == "THAWED") {
+            continue;
+        }
+        let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        // The container's init: pid 1 of its namespace.
+        let init = procs.split_whitespace().find(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/status"))
+                .is_ok_and(|st| st.lines().any(|l| l.starts_with("NSpid:") && l.split_whitespace().last() == Some("1")))
+        });
+        let alive_engine = init.is_some_and(|pid| {
+            let err = fs::read_link(format!("/proc/{pid}/fd/2")).unwrap_or_default();
+            let text = err.to_string_lossy();
+            !text.ends_with("(deleted)")
+                && err
+                    .parent()
+                    .and_then(|d| d.parent())
+                    .and_then(|d| fs::read_to_string(d.join("engine.pid")).ok())
+                    .is_some_and(|p| alive(p.trim()))
+        });
+        if init.is_some() && !alive_engine {
+            let _ = fs::write(dir.join("freezer.state"), "THAWED");
+        }
+    }
+}
+
+/// The process exists and is not a zombie (a killed engine may wait a while
+/// for its parent to reap it).
+fn alive(pid: &str) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) != Some("Z"))
 }

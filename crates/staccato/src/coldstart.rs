@@ -371,7 +371,10 @@ fn measure(a: &ColdArgs, fx: &Fx) -> Result<Value> {
     if !quiet {
         println!();
         println!("Concurrent starts from the isolation pool ({} functions; ms per start, starts/s)", a.pool_lang);
-        println!("{:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10}", "pool", "conc", "mean", "p50", "p99", "from pool", "starts/s");
+        println!(
+            "{:>6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>10}",
+            "pool", "conc", "mean", "p50", "p99", "from pool", "starts/s"
+        );
     }
     for &size in &a.pool_sizes {
         let pool = pool_of(fx, size)?;
@@ -394,7 +397,10 @@ fn measure(a: &ColdArgs, fx: &Fx) -> Result<Value> {
                         })
                     })
                     .collect();
-                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("start thread panicked")))).collect()
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("start thread panicked"))))
+                    .collect()
             });
             let mut lat = Vec::new();
             let mut insts = Vec::new();
@@ -513,10 +519,7 @@ fn cache_rows(fx: &Fx, quiet: bool) -> Result<Value> {
     let code = fx.code_dir(Lang::Python);
     let req = fx.root.join("requirements.txt");
     fs::write(&req, "six==1.16.0\nattrs==23.1.0\n")?;
-    fs::write(
-        code.join("handler.py"),
-        "import six\nimport attr\n\ndef handle(ctx, payload):\n    return payload\n",
-    )?;
+    fs::write(code.join("handler.py"), "import six\nimport attr\n\ndef handle(ctx, payload):\n    return payload\n")?;
     let pool = pool_of(fx, 4)?;
     let mut rows = json!({});
     let warm_cache = pkgcache::Cache::open(&fx.root.join("cache-warm"), pkgcache::DEFAULT_BUDGET_BYTES)?;
@@ -552,7 +555,9 @@ fn cache_rows(fx: &Fx, quiet: bool) -> Result<Value> {
     rows["warm"] = json!({ "total": summary(warm), "dependencies": summary(warm_dep) });
     if !quiet {
         println!();
-        println!("First call of a Python function needing six + attrs from PyPI (ms; deps = resolving through the cache)");
+        println!(
+            "First call of a Python function needing six + attrs from PyPI (ms; deps = resolving through the cache)"
+        );
         println!("{:<12} {:>9} {:>9} {:>12}", "cache", "p50", "p90", "deps p50");
         for k in ["cold", "warm"] {
             println!(

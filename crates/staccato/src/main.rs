@@ -4,9 +4,9 @@
 #![forbid(unsafe_code)]
 
 mod bench;
-mod coldstart;
 mod cache_cmd;
 mod client;
+mod coldstart;
 mod new;
 mod up;
 

@@ -377,15 +377,15 @@ pub(crate) fn containers(
     // start without paying for it; others have it killed first (~1 ms).
     let exe = python_exe.strip_prefix(&python_prefix).unwrap_or(Path::new("bin/python3"));
     let inside = Path::new(engine::config::CONTAINER_PYTHON).join(exe);
-    sandbox.warm_python = Some((
-        vec![inside.display().to_string(), "-u".into(), "-m".into(), "staccato.warm".into()],
-        vec![
+    sandbox.warm_python = Some(sandbox::Command {
+        argv: vec![inside.display().to_string(), "-u".into(), "-m".into(), "staccato.warm".into()],
+        env: vec![
             ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
             ("HOME".into(), "/tmp".into()),
             ("LANG".into(), "C.UTF-8".into()),
             ("PYTHONPATH".into(), format!("{}/python", engine::config::CONTAINER_RUNTIMES)),
         ],
-    ));
+    });
     Ok(Some(engine::ContainerConfig {
         sandbox,
         python_exe,

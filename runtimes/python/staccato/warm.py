@@ -48,8 +48,16 @@ def main():
     if not fifo or not status:
         print("staccato.warm: STACCATO_WARM_FIFO and STACCATO_WARM_STATUS must be set", file=sys.stderr)
         return 2
-    fd = os.open(fifo, os.O_RDONLY)
-    st = os.open(status, os.O_WRONLY)
+    # Non-blocking opens: the engine holds both FIFOs before it starts us,
+    # so no peer means it died meanwhile, and we must exit rather than wait
+    # in open() forever (ENXIO below, or end-of-file on the first read).
+    try:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        st = os.open(status, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        print(f"staccato.warm: the engine is gone ({e})", file=sys.stderr)
+        return 0
+    os.set_blocking(fd, True)
     os.write(st, f"WARM {os.getpid()}\n".encode())
     os.close(st)
     try:
