@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import FUNCS, check_error, ok_body, own_server, wait_for, container_pids
+from harness import FUNCS, Server, check_error, ok_body, own_server, wait_for, container_pids
 
 ISO = FUNCS / "iso"
 
@@ -308,3 +309,22 @@ def test_dependencies_come_from_the_package_cache(tmp_path):
         bad = srv.cli("deploy", deps / "missing.yml")
         assert bad.returncode != 0
         assert "staccato-no-such-package-4f1c" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+
+
+def test_paused_containers_of_a_killed_engine_are_released(tmp_path):
+    extra = ["--isolation", "container", "--pool-size", "1", "--pause-min-ms", "100", "--pause-max-ms", "200"]
+    a = Server(tmp_path / "a", extra=extra)
+    try:
+        a.start()
+        a.deploy(ISO / "dirty.yml")
+        assert a.invoke("dirty", b"check").status == 200
+        cid = a.container("dirty")
+        assert wait_for(lambda: a.function("dirty")["status"]["container"]["paused"], timeout=10)
+        a.stop(signal.SIGKILL)  # no chance to clean up: its paused container stays frozen
+        assert freezer_state(cid) == "FROZEN" and container_pids(cid)
+    finally:
+        a.cleanup()
+    # The next engine on the machine (any state directory) thaws it; its
+    # init then sees its engine gone and the container ends.
+    with own_server(tmp_path / "b", extra=["--isolation", "container", "--pool-size", "1"]):
+        assert wait_for(lambda: not container_pids(cid), timeout=10), container_pids(cid)
