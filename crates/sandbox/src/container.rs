@@ -72,7 +72,8 @@ impl StatusReader {
                     if Instant::now() >= deadline {
                         return None;
                     }
-                    std::thread::sleep(Duration::from_micros(200));
+                    // On the start path (waiting for STARTED): keep it short.
+                    std::thread::sleep(Duration::from_micros(50));
                 }
             }
         }
@@ -514,11 +515,6 @@ impl Container {
             let _ = nets.destroy(n);
         }
         let _ = fs::remove_dir_all(&self.dir);
-    }
-
-    /// The slot directory (for tests and diagnostics).
-    pub fn slot_dir(&self) -> PathBuf {
-        self.dir.join(SLOT.trim_start_matches('/'))
     }
 }
 

@@ -23,15 +23,6 @@ pub struct PoolStats {
     pub create_ms_last: f64,
 }
 
-impl PoolStats {
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "idle": self.idle, "target": self.target, "created": self.created, "reused": self.reused,
-            "destroyed": self.destroyed, "misses": self.misses, "create_ms_last": self.create_ms_last,
-        })
-    }
-}
-
 const REFILL_DELAY: Duration = Duration::from_millis(30);
 
 enum Job {
@@ -124,14 +115,6 @@ impl Pool {
         let pool = Pool { inner };
         pool.send(Job::Refill);
         Ok(pool)
-    }
-
-    pub fn settings(&self) -> &Settings {
-        &self.inner.settings
-    }
-
-    pub fn networks(&self) -> Option<&netns::Networks> {
-        self.inner.nets.as_ref()
     }
 
     fn send(&self, job: Job) {
