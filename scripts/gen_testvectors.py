@@ -77,6 +77,7 @@ def cases():
                 worker_id=7, error_kind=1)
     yield valid("failure, message in shm", "Failure", flags=SHM, payload_len=5000, call_id=gw, worker_id=7, error_kind=3)
     yield valid("failure, out of memory", "Failure", payload=b"", call_id=gw, worker_id=7, error_kind=9)
+    yield valid("failure, function removed (highest kind)", "Failure", payload=b"", call_id=gw, worker_id=7, error_kind=13)
     yield valid("invoke, name + input inline", "Invoke", payload=b"echo" + b"ping", name_len=4,
                 call_id=internal, parent_call_id=gw, worker_id=7, deadline_us=1_790_000_000_000_000)
     yield valid("invoke, name only (empty input)", "Invoke", payload=b"nop", name_len=3, call_id=internal,
@@ -107,7 +108,7 @@ def cases():
     yield invalid("invoke name_len beyond inline payload", pack(KINDS["Invoke"], payload=b"ab", name_len=3))
     yield invalid("name_len on a dispatch", pack(KINDS["Dispatch"], payload=b"abc", name_len=3))
     yield invalid("failure with error_kind 0", pack(KINDS["Failure"], payload=b"x"))
-    yield invalid("failure with unknown error_kind 10", pack(KINDS["Failure"], error_kind=10))
+    yield invalid("failure with unknown error_kind 14", pack(KINDS["Failure"], error_kind=14))
     yield invalid("error_kind on a completion", pack(KINDS["Completion"], error_kind=3))
     yield invalid("shm flag on a worker hello", pack(KINDS["WorkerHello"], flags=SHM, payload_len=2000))
     yield invalid("shm flag on create worker", pack(KINDS["CreateWorker"], flags=SHM))

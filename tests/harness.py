@@ -103,9 +103,15 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"staccato up exited with {self.proc.returncode}:\n{self.log_tail()}")
+            healthy = False
             with contextlib.suppress(OSError):
-                if request(self.port, "GET", "/healthz", timeout=1).status == 200:
-                    return self
+                healthy = request(self.port, "GET", "/healthz", timeout=1).status == 200
+            if healthy:
+                token_file = self.state_dir / "token"
+                if self.token is None and token_file.is_file():
+                    # `up` on loopback made a management token of its own.
+                    self.token = token_file.read_text().strip()
+                return self
             time.sleep(0.05)
         raise AssertionError(f"staccato up not healthy within {timeout}s:\n{self.log_tail()}")
 
@@ -163,6 +169,7 @@ class Server:
 
     def cli(self, *args, token=None, timeout=60):
         env = clean_env(STACCATO_GATEWAY=self.gateway)
+        token = token or self.token
         if token:
             env["STACCATO_TOKEN"] = token
         return subprocess.run([str(BIN), *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env,

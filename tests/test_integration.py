@@ -336,9 +336,12 @@ def test_engine_unreachable_gives_503(tmp_path):
     engine = start_engine()
     try:
         gport = free_port()
+        # An engine on loopback writes its link secret for the gateway to read.
+        token_file = tmp_path / "engine-state" / "engine-token"
+        assert wait_for(token_file.is_file, timeout=10), engine_log.read_text()
         gw_argv = [str(BIN), "gateway", "--listen", f"127.0.0.1:{gport}", "--engine", f"127.0.0.1:{eport}",
-                   "--state-dir", str(tmp_path / "gateway-state")]
-        with own_server(tmp_path / "gw", port=gport, argv=gw_argv) as gw:  # waits for /healthz 200: engine linked
+                   "--state-dir", str(tmp_path / "gateway-state"), "--engine-token-file", str(token_file)]
+        with own_server(tmp_path / "gw", port=gport, argv=gw_argv, state_dir=tmp_path / "gateway-state") as gw:  # waits for /healthz 200: engine linked
             gw.deploy(manifest)
             assert ok_body(gw.invoke("echo", b"before")) == b"before"
 
@@ -509,7 +512,7 @@ def test_management_api(server):
     assert listed["echo"]["runtime"] == "python" and listed["echo-c"]["runtime"] == "c"
     assert listed["echo"]["status"]["launcher"] == "ready"
 
-    r = request(server.port, "DELETE", "/system/functions/no-such-function")
+    r = request(server.port, "DELETE", "/system/functions/no-such-function", headers=server.auth())
     check_error(r, 404, "not_found", call_id=False)
     check_error(server.get("/system/functions/no-such-function"), 404, "not_found", call_id=False)
     p = server.cli("rm", "no-such-function")
@@ -525,7 +528,7 @@ def test_token_guards_management_api(tmp_path):
                     "unauthorized", call_id=False)
         r = request(srv.port, "GET", "/system/functions", headers={"Authorization": "Bearer s3cret"})
         assert r.status == 200 and r.json() == [], r
-        p = srv.cli("deploy", manifest)
+        p = srv.cli("deploy", manifest, token="wrong")
         assert p.returncode != 0 and "401" in p.stderr, (p.stdout, p.stderr)
         srv.deploy(manifest, token="s3cret")
         # Function calls, health and metrics need no token.

@@ -11,6 +11,10 @@ export const ErrorKind = Object.freeze({
   bad_request: 7,
   internal: 8,
   out_of_memory: 9,
+  output_too_large: 10,
+  call_cycle: 11,
+  call_depth_exceeded: 12,
+  function_removed: 13,
 });
 
 /** Wire code -> error kind name (index 0 unused). */

@@ -30,7 +30,6 @@ import {
 const { O_RDONLY, O_WRONLY, O_NONBLOCK } = fs.constants;
 
 const FUNCTION_ERROR = ErrorKind.function_error;
-const PAYLOAD_TOO_LARGE = ErrorKind.payload_too_large;
 const INTERNAL = ErrorKind.internal;
 const SEQ_MAX = 0xffffffff;
 const EMPTY = Buffer.alloc(0);
@@ -345,7 +344,7 @@ export class WorkerChannel extends Channel {
     }
     const limit = this.runtime.payloadMax;
     if (n > limit) {
-      this.sendFailure(callId, parentCallId, PAYLOAD_TOO_LARGE,
+      this.sendFailure(callId, parentCallId, ErrorKind.output_too_large,
         `output of ${n} bytes exceeds the maximum of ${limit}`);
       return;
     }

@@ -48,7 +48,7 @@ export const KINDS = Object.freeze(Object.fromEntries(
 export const PAYLOAD_IN_SHM = 1;
 
 /** Highest known error kind code (codes are 1..ERROR_KIND_MAX). */
-export const ERROR_KIND_MAX = 9;
+export const ERROR_KIND_MAX = 13;
 
 export class WireError extends Error {
   constructor(message) {

@@ -16,7 +16,8 @@ static inline const char *conf_kind_name(int kind)
     static const char *const names[] = {"ok",       "not_found",          "payload_too_large",
                                         "function_error", "worker_crashed", "timeout",
                                         "engine_unavailable", "bad_request", "internal",
-                                        "out_of_memory"};
+                                        "out_of_memory", "output_too_large", "call_cycle",
+                                        "call_depth_exceeded", "function_removed"};
     return kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown";
 }
 

@@ -1,4 +1,4 @@
-//! A function's code on this engine: the copy taken at registration, what
+//! A function's code on this engine: the source unpacked at registration, what
 //! each runtime builds from it (C/C++ libraries, Go worker binaries), its
 //! dependencies (requirements.txt, package.json; go.mod is handled by the Go
 //! build), and the command that starts its launcher.
@@ -10,7 +10,7 @@ use crate::config::{
     ContainerConfig, EngineConfig, CONTAINER_CODE, CONTAINER_DEPS, CONTAINER_PYTHON, CONTAINER_RUNTIMES,
 };
 use crate::spec::{FunctionSpec, Runtime};
-use std::fs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -18,25 +18,6 @@ use std::process::{Command, Output};
 const NATIVE_LIBRARY: &str = "handler.so";
 /// The worker binary a Go function is built into.
 const GO_WORKER: &str = ".staccato-worker";
-
-pub(crate) fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
-    fs::create_dir_all(to)?;
-    for e in fs::read_dir(from)? {
-        let e = e?;
-        let ty = e.file_type()?;
-        let dest = to.join(e.file_name());
-        if ty.is_dir() {
-            // Built or installed artefacts are made again here.
-            if matches!(e.file_name().to_str(), Some("__pycache__" | "node_modules" | ".deps" | ".git")) {
-                continue;
-            }
-            copy_dir(&e.path(), &dest)?;
-        } else if ty.is_file() {
-            fs::copy(e.path(), dest)?;
-        }
-    }
-    Ok(())
-}
 
 /// Builds and installs what the runtime needs. Errors are written for the
 /// person deploying: which file, which tool, and the tool's own output.
@@ -47,14 +28,14 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
         if code_dir.join(file).is_file() {
             Ok(())
         } else {
-            Err(format!("handler file {file} not found in {}", spec.source_dir.display()))
+            Err(format!("handler file {file} not found in the function's source"))
         }
     };
     match spec.runtime {
         Runtime::Python => {
             let module = handler.split(':').next().unwrap_or("handler").replace('.', "/");
             if need_file(&format!("{module}.py")).is_err() && need_file(&format!("{module}/__init__.py")).is_err() {
-                return Err(format!("handler module {module}.py not found in {}", spec.source_dir.display()));
+                return Err(format!("handler module {module}.py not found in the function's source"));
             }
             if code_dir.join("requirements.txt").is_file() {
                 let cache = open_cache(cfg)?;
@@ -110,7 +91,7 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
 }
 
 /// A function's dependencies, from the package cache (Nuka §III.B).
-#[derive(Default, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Default, Debug)]
 pub(crate) struct Deps {
     /// sys.path directories, one per distribution.
     pub python: Vec<PathBuf>,
@@ -119,22 +100,7 @@ pub(crate) struct Deps {
     /// Cache entry ids, pinned while the function is deployed.
     pub entries: Vec<String>,
     /// For the person deploying: "2 installed, 1 from the cache".
-    #[serde(skip)]
     pub summary: String,
-}
-
-/// Where a function's code directory records its dependencies.
-const DEPS_FILE: &str = ".staccato-deps.json";
-
-impl Deps {
-    pub fn save(&self, code_dir: &Path) -> Result<(), String> {
-        let text = serde_json::to_vec(self).map_err(|e| e.to_string())?;
-        fs::write(code_dir.join(DEPS_FILE), text).map_err(|e| format!("writing {DEPS_FILE}: {e}"))
-    }
-
-    pub fn load(code_dir: &Path) -> Deps {
-        fs::read(code_dir.join(DEPS_FILE)).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
-    }
 }
 
 pub(crate) fn open_cache(cfg: &EngineConfig) -> Result<pkgcache::Cache, String> {
@@ -173,9 +139,9 @@ pub(crate) struct View {
 }
 
 impl View {
-    pub fn host(cfg: &EngineConfig, code_dir: &Path) -> View {
+    pub fn host(cfg: &EngineConfig, code_dir: &Path, deps: &Deps) -> View {
         View {
-            deps: Deps::load(code_dir),
+            deps: deps.clone(),
             runtimes: cfg.runtimes_dir.clone(),
             code: code_dir.to_path_buf(),
             python: cfg.python.clone().into(),
@@ -184,9 +150,9 @@ impl View {
         }
     }
 
-    pub fn container(cc: &ContainerConfig, code_dir: &Path) -> View {
+    pub fn container(cc: &ContainerConfig, deps: &Deps) -> View {
         let exe = cc.python_exe.strip_prefix(&cc.python_prefix).unwrap_or(Path::new("bin/python3"));
-        let mut deps = Deps::load(code_dir);
+        let mut deps = deps.clone();
         // Mounted at /deps/<i> and /node_modules (see dep_mounts).
         let hosts = std::mem::take(&mut deps.python);
         deps.python = (0..hosts.len()).map(|i| Path::new(CONTAINER_DEPS).join(i.to_string())).collect();
@@ -203,15 +169,15 @@ impl View {
 
     /// Read-only mounts of the function's cached dependencies: only those
     /// it uses, never the whole cache.
-    pub fn dep_mounts(code_dir: &Path) -> Vec<sandbox::Mount> {
-        let deps = Deps::load(code_dir);
+    pub fn dep_mounts(deps: &Deps) -> Vec<sandbox::Mount> {
         let mut m: Vec<sandbox::Mount> = deps
             .python
-            .into_iter()
+            .iter()
+            .cloned()
             .enumerate()
             .map(|(i, src)| sandbox::Mount { src, dst: Path::new(CONTAINER_DEPS).join(i.to_string()), read_only: true })
             .collect();
-        if let Some(src) = deps.node {
+        if let Some(src) = deps.node.clone() {
             m.push(sandbox::Mount { src, dst: "/node_modules".into(), read_only: true });
         }
         m

@@ -42,6 +42,10 @@ pub struct EngineConfig {
     /// The package cache (`staccato cache ls` reads `<state>/cache`).
     pub cache_dir: PathBuf,
     pub cache_budget_bytes: u64,
+    /// What every gateway–engine connection must prove it knows
+    /// (api::auth). Random unless set: nobody can connect then but a
+    /// gateway given the same secret in the same process.
+    pub secret: api::auth::Secret,
 }
 
 /// Container isolation (Nuka §III): the pool's settings and the reuse rule.
@@ -87,6 +91,7 @@ impl EngineConfig {
             containers: None,
             cache_dir: state_dir.join("cache"),
             cache_budget_bytes: pkgcache::DEFAULT_BUDGET_BYTES,
+            secret: api::auth::Secret::random().expect("the kernel's random numbers"),
         }
     }
 

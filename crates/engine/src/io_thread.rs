@@ -341,7 +341,7 @@ impl IoThread {
             // Runtimes enforce the limit themselves; this guards the frames.
             ipc::shm::remove(&func.dir, &shm_file_name(call_id, Kind::Completion));
             let msg = format!("output of {} bytes exceeds the {max}-byte limit", h.payload_len);
-            Outcome::Err(ErrorKind::PayloadTooLarge, msg)
+            Outcome::Err(ErrorKind::OutputTooLarge, msg)
         } else if h.kind == Kind::Completion {
             Outcome::Ok(if h.in_shm() {
                 Payload::Shm(h.payload_len as usize)

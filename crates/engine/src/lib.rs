@@ -12,16 +12,17 @@ pub mod config;
 mod io_thread;
 pub mod scheduler;
 mod shared;
-pub mod spec;
+pub use api::spec;
 mod supervisor;
 
 pub use config::{ContainerConfig, EngineConfig, Placement};
 
+use api::auth::Role;
 use shared::{Cmd, Mailbox, Shared, SupervisorCmd};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU32, AtomicUsize};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::Duration;
 use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
@@ -81,6 +82,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         next_worker_id: AtomicU32::new(1),
         next_owner: AtomicUsize::new(0),
         pool: pool.clone(),
+        memory_total_bytes: memory_total_bytes(),
     });
     for (i, poll) in polls.into_iter().enumerate() {
         let t = io_thread::IoThread::new(i, shared.clone(), poll);
@@ -95,20 +97,65 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
     Ok(Engine { addr, pool })
 }
 
+/// Connections still in their handshake at once; more are closed at once,
+/// so unauthenticated peers cannot tie up threads without bound.
+const HANDSHAKES_MAX: usize = 64;
+
+/// Time a peer has to complete the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The host's RAM (`MemTotal`), or 0 if /proc does not say.
+fn memory_total_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let in_handshake = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         let Ok(stream) = stream else {
             // Out of fds (EMFILE) or similar: don't spin; let others finish.
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
-        let s = shared.clone();
+        if in_handshake.fetch_add(1, Ordering::AcqRel) >= HANDSHAKES_MAX {
+            in_handshake.fetch_sub(1, Ordering::AcqRel);
+            log::warn!("engine: {HANDSHAKES_MAX} connections are already in their handshake; closing a new one");
+            continue;
+        }
+        let (s, count) = (shared.clone(), in_handshake.clone());
         // A slow or silent peer must not hold up the next connection.
-        let _ = std::thread::Builder::new().name("engine-hello".into()).spawn(move || {
-            if let Err(e) = on_connection(s, stream) {
-                log::warn!("engine connection: {e}");
+        let spawned = std::thread::Builder::new().name("engine-hello".into()).spawn(move || {
+            let peer = stream.peer_addr().map_or_else(|_| "?".into(), |a| a.to_string());
+            if let Err(e) = on_connection(s, stream, &count) {
+                log::warn!("engine connection from {peer}: {e}");
             }
         });
+        if spawned.is_err() {
+            in_handshake.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn on_connection(shared: Arc<Shared>, mut stream: TcpStream, in_handshake: &AtomicUsize) -> io::Result<()> {
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let accepted = api::link::engine(&mut stream, &shared.cfg.secret);
+    in_handshake.fetch_sub(1, Ordering::AcqRel);
+    let accepted = accepted.map_err(io::Error::other)?;
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    match accepted.role {
+        Role::Data => {
+            let thread = accepted.thread as usize % shared.mailboxes.len();
+            shared.post(thread, Cmd::AdoptConn(stream));
+            Ok(())
+        }
+        Role::Control => serve_control(&shared, stream),
     }
 }
 
@@ -121,39 +168,27 @@ fn read_frame(s: &mut TcpStream) -> io::Result<(FrameHeader, Vec<u8>)> {
     Ok((h, body))
 }
 
-fn on_connection(shared: Arc<Shared>, mut stream: TcpStream) -> io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let (h, body) = read_frame(&mut stream)?;
-    if h.kind != FrameKind::Hello {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "first frame is not a hello"));
-    }
-    stream.set_read_timeout(None)?;
-    match body.first() {
-        Some(0) => {
-            let thread = h.c as usize % shared.mailboxes.len();
-            shared.post(thread, Cmd::AdoptConn(stream));
-            Ok(())
-        }
-        Some(1) => serve_control(&shared, stream),
-        _ => Err(io::Error::new(io::ErrorKind::InvalidData, "unknown connection role")),
-    }
-}
-
-/// Serves one control connection: each JSON request is answered in order.
+/// Serves one (authenticated) control connection: each request is answered
+/// in order. A request is JSON, followed by an attachment when the header's
+/// `a` gives the JSON's length (docs/protocol.md §2).
 fn serve_control(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
     loop {
-        let (h, body) = match read_frame(&mut stream) {
+        let (h, mut body) = match read_frame(&mut stream) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         };
+        let json_len = if h.a == 0 { body.len() } else { h.a as usize };
         let reply = if h.kind != FrameKind::Control {
             serde_json::json!({ "ok": false, "error": "expected a control frame" })
+        } else if json_len > body.len() {
+            serde_json::json!({ "ok": false, "error": "control frame: JSON length beyond the body" })
         } else {
+            let attachment = body.split_off(json_len);
             match serde_json::from_slice(&body) {
                 Ok(req) => {
                     let (tx, rx) = mpsc::channel();
-                    let _ = shared::lock(&shared.supervisor).send(SupervisorCmd::Control(req, tx));
+                    let _ = shared::lock(&shared.supervisor).send(SupervisorCmd::Control(req, attachment, tx));
                     rx.recv().unwrap_or_else(|_| serde_json::json!({ "ok": false, "error": "engine is shutting down" }))
                 }
                 Err(e) => serde_json::json!({ "ok": false, "error": format!("invalid JSON: {e}") }),

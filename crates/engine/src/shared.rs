@@ -28,6 +28,8 @@ pub(crate) struct Function {
     /// This function's part of the IPC directory (`STACCATO_IPC_DIR`).
     pub dir: PathBuf,
     pub code_dir: PathBuf,
+    /// Its dependencies in the package cache.
+    pub deps: crate::code::Deps,
     pub log_path: PathBuf,
     pub core: Mutex<FnCore>,
 }
@@ -187,7 +189,8 @@ pub(crate) struct Mailbox {
 
 pub(crate) enum SupervisorCmd {
     StartLauncher(Arc<Function>),
-    Control(serde_json::Value, Sender<serde_json::Value>),
+    /// A control request, the bytes attached to it, and where the reply goes.
+    Control(serde_json::Value, Vec<u8>, Sender<serde_json::Value>),
 }
 
 pub(crate) struct Shared {
@@ -202,6 +205,8 @@ pub(crate) struct Shared {
     pub cpus: Vec<usize>,
     /// The isolation pool, with container isolation.
     pub pool: Option<sandbox::Pool>,
+    /// This host's RAM: no function may ask for more.
+    pub memory_total_bytes: u64,
 }
 
 /// Locks a mutex, carrying on if a thread panicked while holding it: every

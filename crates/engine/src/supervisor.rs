@@ -21,8 +21,8 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
-            Ok(SupervisorCmd::Control(req, reply)) => {
-                let _ = reply.send(sup.control(&req));
+            Ok(SupervisorCmd::Control(req, attachment, reply)) => {
+                let _ = reply.send(sup.control(&req, &attachment));
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -41,11 +41,13 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    fn control(&mut self, req: &Value) -> Value {
+    /// One control request; `attachment` is the bytes that followed its
+    /// JSON (a registration's source archive).
+    fn control(&mut self, req: &Value, attachment: &[u8]) -> Value {
         let result = match req["op"].as_str().unwrap_or("") {
             "register" => serde_json::from_value::<FunctionSpec>(req["spec"].clone())
                 .map_err(|e| format!("invalid function spec: {e}"))
-                .and_then(|spec| self.register(spec)),
+                .and_then(|spec| self.register(spec, attachment)),
             "unregister" => self.unregister(req["name"].as_str().unwrap_or("")),
             "status" => Ok(json!({ "functions": self.shared.status() })),
             "trace" => Ok(self.trace(req["function"].as_str(), req["limit"].as_u64().unwrap_or(100) as usize)),
@@ -60,20 +62,28 @@ impl Supervisor {
         }
     }
 
-    fn register(&mut self, spec: FunctionSpec) -> Result<Value, String> {
+    fn register(&mut self, spec: FunctionSpec, archive: &[u8]) -> Result<Value, String> {
         spec.validate()?;
-        if !spec.source_dir.is_dir() {
-            return Err(format!("source directory {} does not exist", spec.source_dir.display()));
+        spec.validate_for_host(self.shared.memory_total_bytes)?;
+        let digest = api::archive::digest(archive);
+        if digest != spec.source {
+            return Err(format!(
+                "the source archive sent ({} bytes, {digest}) is not the one the spec names ({})",
+                archive.len(),
+                spec.source
+            ));
         }
         let cfg = &self.shared.cfg;
         let generation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
         let fn_state = cfg.state_dir.join("functions").join(&spec.name);
         let code_dir = fn_state.join(format!("{generation}"));
-        crate::code::copy_dir(&spec.source_dir, &code_dir).map_err(|e| format!("copying source: {e}"))?;
+        api::archive::unpack(archive, &code_dir, &api::archive::Limits::DEFAULT).map_err(|e| {
+            let _ = fs::remove_dir_all(&code_dir);
+            format!("unpacking the source: {e}")
+        })?;
         let deps = crate::code::prepare(cfg, &spec, &code_dir).inspect_err(|_| {
             let _ = fs::remove_dir_all(&code_dir);
         })?;
-        deps.save(&code_dir)?;
         if !deps.entries.is_empty() {
             let cache = crate::code::open_cache(cfg)?;
             cache.pin(&spec.name, &deps.entries).map_err(|e| format!("pinning dependencies: {e} (deploy again)"))?;
@@ -89,6 +99,7 @@ impl Supervisor {
             dir: cfg.ipc_dir.join(format!("{}.{generation}", spec.name)),
             log_path: logs.join(format!("{}.log", spec.name)),
             code_dir,
+            deps,
             core: Mutex::new(FnCore {
                 sched: Scheduler::new(spec.min_workers, spec.max_workers, cfg.ema_alpha),
                 workers: HashMap::new(),
@@ -118,7 +129,7 @@ impl Supervisor {
             let _ = fs::remove_dir_all(&old.code_dir);
         }
         log::info!("registered {} ({})", func.spec.name, func.spec.runtime.name());
-        Ok(json!({ "name": func.spec.name, "notes": deps.summary }))
+        Ok(json!({ "name": func.spec.name, "notes": func.deps.summary }))
     }
 
     fn wait_ready(&mut self, func: &Function) -> Result<(), String> {
@@ -227,7 +238,7 @@ impl Supervisor {
             .append(true)
             .open(&f.log_path)
             .map_err(|e| format!("opening {}: {e}", f.log_path.display()))?;
-        let view = crate::code::View::host(cfg, &f.code_dir);
+        let view = crate::code::View::host(cfg, &f.code_dir, &f.deps);
         let mut cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
         cmd.envs(&f.spec.env)
             .env("STACCATO_FUNCTION", &f.spec.name)
@@ -276,7 +287,7 @@ impl Supervisor {
                     .map_err(|e| format!("chown {}: {e}", d.display()))?;
             }
             crate::shared::give_channel(&f.dir, 0, c.uid).map_err(|e| format!("chown channel 0: {e}"))?;
-            let view = crate::code::View::container(cc, &f.code_dir);
+            let view = crate::code::View::container(cc, &f.deps);
             let cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
             let mut env: Vec<(String, String)> = vec![
                 ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
@@ -303,7 +314,7 @@ impl Supervisor {
                 sandbox::Mount { src: f.code_dir.clone(), dst: CONTAINER_CODE.into(), read_only: true },
                 sandbox::Mount { src: f.dir.clone(), dst: CONTAINER_IPC.into(), read_only: false },
             ];
-            mounts.extend(crate::code::View::dep_mounts(&f.code_dir));
+            mounts.extend(crate::code::View::dep_mounts(&f.deps));
             let limits =
                 sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: f.spec.cpu_shares };
             let python = f.spec.runtime == crate::spec::Runtime::Python;

@@ -17,7 +17,9 @@ use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 /// the same one.
 const HEARTBEAT: Duration = Duration::from_millis(200);
 
-type Request = (Value, oneshot::Sender<Result<Value, String>>);
+/// A request, its attachment (a registration's source archive), and where
+/// the answer goes.
+type Request = (Value, Vec<u8>, oneshot::Sender<Result<Value, String>>);
 
 #[derive(Clone)]
 pub struct ControlClient {
@@ -30,13 +32,13 @@ impl ControlClient {
     /// Starts the control thread. On every (re)connection it re-registers
     /// the stored functions the engine does not have: an engine that
     /// restarted comes back with everything deployed.
-    pub fn start(addr: SocketAddr, store: Arc<Store>) -> ControlClient {
+    pub fn start(addr: SocketAddr, secret: api::auth::Secret, store: Arc<Store>) -> ControlClient {
         let (tx, rx) = mpsc::channel::<Request>();
         let restored = Arc::new(AtomicBool::new(false));
         let r = restored.clone();
         std::thread::Builder::new()
             .name("gateway-control".into())
-            .spawn(move || control_thread(addr, store, rx, r))
+            .spawn(move || control_thread(addr, secret, store, rx, r))
             .expect("spawning the control thread");
         ControlClient { tx, restored }
     }
@@ -47,19 +49,42 @@ impl ControlClient {
     }
 
     pub async fn request(&self, req: Value) -> Result<Value, String> {
+        self.request_with(req, Vec::new()).await
+    }
+
+    pub async fn request_with(&self, req: Value, attachment: Vec<u8>) -> Result<Value, String> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send((req, tx)).map_err(|_| "control thread is gone".to_string())?;
+        self.tx.send((req, attachment, tx)).map_err(|_| "control thread is gone".to_string())?;
         rx.await.map_err(|_| "control thread is gone".to_string())?
     }
 }
 
-fn control_thread(addr: SocketAddr, store: Arc<Store>, rx: mpsc::Receiver<Request>, restored: Arc<AtomicBool>) {
+fn control_thread(
+    addr: SocketAddr,
+    secret: api::auth::Secret,
+    store: Arc<Store>,
+    rx: mpsc::Receiver<Request>,
+    restored: Arc<AtomicBool>,
+) {
     let mut conn: Option<TcpStream> = None;
+    let mut last_error = String::new();
     loop {
         if conn.is_none() {
             restored.store(false, Ordering::Release);
-            conn = connect(addr).ok();
+            conn = match connect(addr, &secret) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    let e = e.to_string();
+                    // Say it once, not at every retry.
+                    if e != last_error {
+                        log::error!("control connection to engine {addr}: {e}");
+                        last_error = e;
+                    }
+                    None
+                }
+            };
             if let Some(c) = conn.as_mut() {
+                last_error.clear();
                 match restore(c, &store) {
                     Ok(()) => restored.store(true, Ordering::Release),
                     Err(e) => {
@@ -69,14 +94,14 @@ fn control_thread(addr: SocketAddr, store: Arc<Store>, rx: mpsc::Receiver<Reques
                 }
             }
         }
-        let (req, reply) = match rx.recv_timeout(HEARTBEAT) {
+        let (req, attachment, reply) = match rx.recv_timeout(HEARTBEAT) {
             Ok(r) => r,
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 // Heartbeat: notice an engine that restarted (and lost its
                 // functions) even when nobody is deploying.
                 if let Some(c) = conn.as_mut() {
-                    if roundtrip(c, &json!({"op": "status"})).is_err_and(|e| e.starts_with("io:")) {
+                    if roundtrip(c, &json!({"op": "status"}), &[]).is_err_and(|e| e.starts_with("io:")) {
                         conn = None;
                     }
                 } else {
@@ -86,8 +111,9 @@ fn control_thread(addr: SocketAddr, store: Arc<Store>, rx: mpsc::Receiver<Reques
             }
         };
         let result = match conn.as_mut() {
-            Some(c) => roundtrip(c, &req),
-            None => Err(format!("engine at {addr} is unreachable")),
+            Some(c) => roundtrip(c, &req, &attachment),
+            None if last_error.is_empty() => Err(format!("engine at {addr} is unreachable")),
+            None => Err(format!("engine at {addr} is unreachable: {last_error}")),
         };
         if result.as_ref().is_err_and(|e| e.starts_with("io:")) {
             conn = None;
@@ -96,17 +122,20 @@ fn control_thread(addr: SocketAddr, store: Arc<Store>, rx: mpsc::Receiver<Reques
     }
 }
 
-fn connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
+fn connect(addr: SocketAddr, secret: &api::auth::Secret) -> Result<TcpStream, api::link::LinkError> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_nodelay(true)?;
-    let mut hello = FrameHeader::new(FrameKind::Hello, 0, 1).encode().to_vec();
-    hello.push(1); // role: control
-    s.write_all(&hello)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+    api::link::client(&mut s, secret, api::auth::Role::Control, 0)?;
+    // Registrations may compile for minutes: no read timeout from here on.
+    s.set_read_timeout(None)?;
+    s.set_write_timeout(None)?;
     Ok(s)
 }
 
 fn restore(c: &mut TcpStream, store: &Store) -> Result<(), String> {
-    let status = roundtrip(c, &json!({"op": "status"}))?;
+    let status = roundtrip(c, &json!({"op": "status"}), &[])?;
     let have: Vec<String> = status["functions"]
         .as_array()
         .map(|a| a.iter().filter_map(|f| f["name"].as_str().map(String::from)).collect())
@@ -115,7 +144,14 @@ fn restore(c: &mut TcpStream, store: &Store) -> Result<(), String> {
         if have.contains(&spec.name) {
             continue;
         }
-        match roundtrip(c, &json!({"op": "register", "spec": spec})) {
+        let archive = match store.source(&spec.source) {
+            Ok(a) => a,
+            Err(e) => {
+                log::error!("restoring function {}: {e} (deploy it again)", spec.name);
+                continue;
+            }
+        };
+        match roundtrip(c, &json!({"op": "register", "spec": spec}), &archive) {
             Ok(_) => log::info!("restored function {}", spec.name),
             Err(e) => log::error!("restoring function {}: {e}", spec.name),
         }
@@ -123,11 +159,18 @@ fn restore(c: &mut TcpStream, store: &Store) -> Result<(), String> {
     Ok(())
 }
 
-/// One request/reply. Errors starting with "io:" mean the connection broke.
-fn roundtrip(c: &mut TcpStream, req: &Value) -> Result<Value, String> {
+/// One request/reply; `attachment` follows the JSON (header field `a` then
+/// gives the JSON's length). Errors starting with "io:" mean the connection
+/// broke.
+fn roundtrip(c: &mut TcpStream, req: &Value, attachment: &[u8]) -> Result<Value, String> {
     let body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
-    let mut frame = FrameHeader::new(FrameKind::Control, 0, body.len()).encode().to_vec();
+    let mut h = FrameHeader::new(FrameKind::Control, 0, body.len() + attachment.len());
+    if !attachment.is_empty() {
+        h.a = body.len() as u32;
+    }
+    let mut frame = h.encode().to_vec();
     frame.extend_from_slice(&body);
+    frame.extend_from_slice(attachment);
     c.write_all(&frame).map_err(|e| format!("io:{e}"))?;
     let mut hb = [0u8; FRAME_HEADER_LEN];
     c.read_exact(&mut hb).map_err(|e| format!("io:{e}"))?;

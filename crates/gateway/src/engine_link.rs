@@ -22,26 +22,30 @@ pub enum Reply {
 
 pub struct EngineLink {
     addr: SocketAddr,
+    secret: api::auth::Secret,
     thread: u32,
     stream: RefCell<Option<Rc<TcpStream>>>,
     out: RefCell<Vec<u8>>,
     flush: Notify,
     pending: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
     up: Cell<bool>,
+    logged_down: Cell<bool>,
 }
 
 impl EngineLink {
     /// Creates the link and starts its connect/read loop on the current
     /// `LocalSet`.
-    pub fn start(addr: SocketAddr, thread: u32) -> Rc<EngineLink> {
+    pub fn start(addr: SocketAddr, secret: api::auth::Secret, thread: u32) -> Rc<EngineLink> {
         let link = Rc::new(EngineLink {
             addr,
+            secret,
             thread,
             stream: RefCell::new(None),
             out: RefCell::new(Vec::new()),
             flush: Notify::new(),
             pending: RefCell::new(HashMap::new()),
             up: Cell::new(false),
+            logged_down: Cell::new(false),
         });
         tokio::task::spawn_local(link.clone().run());
         link
@@ -104,6 +108,7 @@ impl EngineLink {
                     let s = Rc::new(s);
                     *self.stream.borrow_mut() = Some(s.clone());
                     self.up.set(true);
+                    self.logged_down.set(false);
                     log::info!("gateway thread {}: connected to engine {}", self.thread, self.addr);
                     let flusher = tokio::task::spawn_local(self.clone().flusher(s.clone()));
                     self.read_loop(&s).await;
@@ -114,30 +119,37 @@ impl EngineLink {
                     self.fail_pending();
                     log::warn!("gateway thread {}: lost engine {}", self.thread, self.addr);
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                Err(e) => {
+                    // Said once per outage, not every 200 ms.
+                    if self.logged_down.replace(true) {
+                        log::debug!("gateway thread {}: engine {}: {e}", self.thread, self.addr);
+                    } else {
+                        log::warn!("gateway thread {}: cannot connect to engine {}: {e}", self.thread, self.addr);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
             }
         }
     }
 
+    /// Connects and authenticates (api::link) on the blocking pool: the
+    /// handshake is a few small round trips, once per connection.
     async fn connect(&self) -> std::io::Result<TcpStream> {
-        let s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(self.addr))
-            .await
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-        s.set_nodelay(true)?;
-        let mut h = FrameHeader::new(FrameKind::Hello, 0, 1);
-        h.c = self.thread;
-        let mut hello = h.encode().to_vec();
-        hello.push(0); // role: data
-        let mut off = 0;
-        while off < hello.len() {
-            s.writable().await?;
-            match s.try_write(&hello[off..]) {
-                Ok(n) => off += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(s)
+        let (addr, secret, thread) = (self.addr, self.secret.clone(), self.thread);
+        let s = tokio::task::spawn_blocking(move || -> std::io::Result<std::net::TcpStream> {
+            let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.set_write_timeout(Some(Duration::from_secs(5)))?;
+            api::link::client(&mut s, &secret, api::auth::Role::Data, thread).map_err(std::io::Error::other)?;
+            s.set_read_timeout(None)?;
+            s.set_write_timeout(None)?;
+            s.set_nonblocking(true)?;
+            Ok(s)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        TcpStream::from_std(s)
     }
 
     async fn flusher(self: Rc<Self>, s: Rc<TcpStream>) {

@@ -1,13 +1,19 @@
 //! HTTP routes: `/function/{name}` runs a function; `/system/*` manages
 //! them; `/healthz` and `/metrics` observe the gateway.
+//!
+//! Everything here is hostile until checked: a gateway on loopback answers
+//! only requests addressed to a loopback name (a web page cannot reach it by
+//! DNS rebinding); management requests must carry the token, must not come
+//! from another origin's page, and must say what they send with a content
+//! type no HTML form can (so a cross-site form cannot post one).
 
 use crate::engine_link::Reply;
 use crate::{GwShared, ThreadState};
+use api::spec::FunctionSpec;
 use bytes::Bytes;
-use engine::spec::FunctionSpec;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use std::rc::Rc;
@@ -23,6 +29,19 @@ pub const TIMING_HEADER: &str = "x-staccato-timing";
 pub const TIMEOUT_HEADER: &str = "x-staccato-timeout-ms";
 
 pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<Incoming>) -> Resp {
+    if sh.cfg.listen.ip().is_loopback() && !loopback_host(&req) {
+        let host =
+            req.headers().get(HOST).map_or_else(String::new, |h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+        return error_resp(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            &format!(
+                "this gateway listens on loopback and answers only requests for localhost or a loopback address, \
+                 not Host {host:?}"
+            ),
+            None,
+        );
+    }
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (req.method(), segs.as_slice()) {
@@ -42,6 +61,9 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
             .body(Full::new(Bytes::from(sh.metrics.render())))
             .expect("static response parts"),
         (_, ["system", ..]) => {
+            if let Some(why) = cross_origin(&req) {
+                return error_resp(StatusCode::FORBIDDEN, "forbidden", &why, None);
+            }
             if !authorized(&sh, &req) {
                 return error_resp(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token", None);
             }
@@ -53,8 +75,58 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
 
 fn authorized(sh: &GwShared, req: &Request<Incoming>) -> bool {
     let Some(token) = sh.cfg.token.as_deref() else { return true };
-    let want = format!("Bearer {token}");
-    req.headers().get(hyper::header::AUTHORIZATION).is_some_and(|v| v.as_bytes() == want.as_bytes())
+    let presented = req.headers().get(hyper::header::AUTHORIZATION).map(|v| v.as_bytes());
+    let presented = presented.and_then(|v| v.strip_prefix(b"Bearer ")).unwrap_or(b"");
+    // Always compare, so a missing header takes as long as a wrong one.
+    api::auth::token_matches(presented, token) && !presented.is_empty()
+}
+
+/// Whether the request names this gateway by a loopback name. A page that
+/// rebinds its own domain to 127.0.0.1 still sends its domain here.
+fn loopback_host(req: &Request<Incoming>) -> bool {
+    let host = match req.headers().get(HOST).map(|h| h.to_str()) {
+        Some(Ok(h)) => h,
+        // HTTP/1.1 requires Host; a request without one is no browser's.
+        None => return true,
+        Some(Err(_)) => return false,
+    };
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host
+            .rsplit_once(':')
+            .map_or(host, |(n, port)| if port.bytes().all(|b| b.is_ascii_digit()) { n } else { host }),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Why a management request looks like it comes from another site's page
+/// (browsers send `Origin` and `Sec-Fetch-Site`; the CLI and curl do not).
+fn cross_origin(req: &Request<Incoming>) -> Option<String> {
+    let h = req.headers();
+    if let Some(site) = h.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        if site != "same-origin" && site != "none" {
+            return Some(format!("management requests from a web page of another site are refused ({site})"));
+        }
+    }
+    let origin = h.get(ORIGIN)?.to_str().unwrap_or("?");
+    let host = h.get(HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let same = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host);
+    (!same).then(|| format!("management requests from another origin ({origin}) are refused"))
+}
+
+/// The request's content type, without parameters, lower case.
+fn content_type(req: &Request<Incoming>) -> String {
+    req.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+fn wrong_type(want: &str, got: &str) -> Resp {
+    let got = if got.is_empty() { "none" } else { got };
+    error_resp(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", &format!("send {want}, not {got}"), None)
 }
 
 async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incoming>) -> Resp {
@@ -62,8 +134,22 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
     let call_id = th.next_call_id();
     let max = sh.cfg.payload_len_max;
     let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let timeout_ms = req.headers().get(TIMEOUT_HEADER).and_then(|v| v.to_str().ok()?.parse::<u32>().ok()).unwrap_or(0);
-    let outcome = if !wire::valid_function_name(name) {
+    let timeout_ms =
+        match req.headers().get(TIMEOUT_HEADER).map(|v| v.to_str().ok().and_then(|s| s.parse::<u32>().ok())) {
+            None => Ok(0),
+            Some(Some(ms)) if ms > 0 => Ok(ms),
+            Some(_) => Err(format!(
+                "{TIMEOUT_HEADER} must be a whole number of milliseconds between 1 and {}, got {:?}",
+                u32::MAX,
+                req.headers()
+                    .get(TIMEOUT_HEADER)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                    .unwrap_or_default()
+            )),
+        };
+    let outcome = if let Err(msg) = timeout_ms {
+        Err((ErrorKind::BadRequest, msg, Timing::default()))
+    } else if !wire::valid_function_name(name) {
         Err((ErrorKind::NotFound, format!("no function named {name:?}"), Timing::default()))
     } else if declared.is_some_and(|n| n > max as u64) {
         Err((ErrorKind::PayloadTooLarge, format!("request body exceeds the {max}-byte limit"), Timing::default()))
@@ -77,7 +163,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                 };
                 Err((kind, msg, Timing::default()))
             }
-            Ok(body) => match th.link.call(call_id, timeout_ms, name, &body.to_bytes()).await {
+            Ok(body) => match th.link.call(call_id, timeout_ms.unwrap_or(0), name, &body.to_bytes()).await {
                 Reply::Ok(out, t) => Ok((out, t)),
                 // Deployed, but the engine does not have it: the engine
                 // restarted and the function is not restored yet (or its
@@ -128,6 +214,10 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
         (&Method::GET, ["functions"]) => list(sh, None).await,
         (&Method::GET, ["functions", name]) => list(sh, Some(name)).await,
         (&Method::POST | &Method::PUT, ["functions"]) => {
+            let ct = content_type(&req);
+            if ct != "application/json" {
+                return wrong_type("application/json", &ct);
+            }
             let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
                 Ok(b) => b.to_bytes(),
                 Err(e) => {
@@ -135,6 +225,20 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
                 }
             };
             deploy(sh, &body).await
+        }
+        (&Method::POST, ["sources"]) => {
+            let ct = content_type(&req);
+            if !matches!(ct.as_str(), "application/gzip" | "application/x-gzip" | "application/octet-stream") {
+                return wrong_type("application/gzip (a tar.gz of the function's source)", &ct);
+            }
+            upload_source(sh, req).await
+        }
+        (&Method::GET, ["sources", digest]) => {
+            if sh.store.has_source(digest) {
+                json_resp(StatusCode::OK, &json!({ "digest": digest }))
+            } else {
+                error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no source {digest:?}"), None)
+            }
         }
         (&Method::DELETE, ["functions", name]) => remove(sh, name).await,
         (&Method::GET, ["trace"]) => {
@@ -191,6 +295,43 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
     }
 }
 
+/// Stores an uploaded source archive after checking it the way the engine
+/// will unpack it (api::archive): a bad one is refused here, whole.
+async fn upload_source(sh: &Arc<GwShared>, req: Request<Incoming>) -> Resp {
+    let limits = api::archive::Limits::DEFAULT;
+    let max = limits.archive_bytes_max as usize;
+    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let too_large = || {
+        let msg = format!("source archive exceeds the {max}-byte limit");
+        error_resp(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &msg, None)
+    };
+    if declared.is_some_and(|n| n > max as u64) {
+        return too_large();
+    }
+    let body = match Limited::new(req.into_body(), max).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return too_large(),
+        Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("reading body: {e}"), None),
+    };
+    let sh2 = sh.clone();
+    let checked = tokio::task::spawn_blocking(move || {
+        let summary = api::archive::check(&body, &limits).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+        let digest = sh2.store.put_source(&body).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        Ok::<_, (StatusCode, String)>((digest, summary))
+    })
+    .await;
+    match checked {
+        Ok(Ok((digest, s))) => {
+            json_resp(StatusCode::OK, &json!({ "digest": digest, "files": s.files, "dirs": s.dirs, "bytes": s.bytes }))
+        }
+        Ok(Err((status, msg))) => {
+            let kind = if status == StatusCode::BAD_REQUEST { "bad_request" } else { "internal" };
+            error_resp(status, kind, &format!("source archive: {msg}"), None)
+        }
+        Err(e) => error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
+    }
+}
+
 async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
     let parsed: Result<Vec<FunctionSpec>, String> =
         serde_json::from_slice::<Value>(body).map_err(|e| format!("invalid JSON: {e}")).and_then(|v| {
@@ -205,41 +346,52 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         Ok(_) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", "no functions given", None),
         Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
     };
-    let mut deployed = Vec::new();
-    let mut notes = serde_json::Map::new();
-    for spec in specs {
+    // Everything is checked before anything is deployed.
+    for spec in &specs {
         if let Err(e) = spec.validate() {
             return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("function {}: {e}", spec.name), None);
         }
-        // Keep our own copy of the code: the function must survive a restart
-        // even if the user's directory changes or goes away.
-        let sh2 = sh.clone();
-        let spec2 = spec.clone();
-        let stored = tokio::task::spawn_blocking(move || sh2.archive(&spec2)).await;
-        let stored = match stored {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
+        if !sh.store.has_source(&spec.source) {
+            let msg =
+                format!("function {}: source {} was not uploaded (POST /system/sources first)", spec.name, spec.source);
+            return error_resp(StatusCode::BAD_REQUEST, "bad_request", &msg, None);
+        }
+    }
+    let mut deployed = Vec::new();
+    let mut notes = serde_json::Map::new();
+    for spec in specs {
+        let archive = match sh.store.source(&spec.source) {
+            Ok(a) => a,
             Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
         };
-        let registered = sh.control.request(json!({"op": "register", "spec": stored})).await;
+        let registered = sh.control.request_with(json!({"op": "register", "spec": spec}), archive).await;
         if let Ok(Some(n)) = registered.as_ref().map(|v| v["notes"].as_str().filter(|n| !n.is_empty())) {
-            notes.insert(stored.name.clone(), json!(n));
+            notes.insert(spec.name.clone(), json!(n));
         }
         if let Err(e) = registered {
-            let _ = std::fs::remove_dir_all(&stored.source_dir);
             return if e.contains("unreachable") {
                 error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e, None)
             } else {
                 error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None)
             };
         }
-        if let Err(e) = sh.store.put(&stored) {
+        if let Err(e) = sh.store.put(&spec) {
             return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None);
         }
-        sh.prune_archives(&stored);
-        deployed.push(stored.name.clone());
+        deployed.push(spec.name.clone());
     }
+    prune_sources(sh);
     json_resp(StatusCode::OK, &json!({ "deployed": deployed, "notes": notes }))
+}
+
+/// Archives no function uses any more go; recent uploads stay a while, for
+/// the deploy that is about to name them.
+fn prune_sources(sh: &GwShared) {
+    match sh.store.prune_sources(std::time::Duration::from_secs(600)) {
+        Ok(0) => {}
+        Ok(n) => log::info!("removed {n} unused source archives"),
+        Err(e) => log::warn!("pruning source archives: {e}"),
+    }
 }
 
 async fn remove(sh: &GwShared, name: &str) -> Resp {
@@ -251,7 +403,7 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
     if !in_store && !in_engine {
         return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None);
     }
-    let _ = std::fs::remove_dir_all(sh.cfg.state_dir.join("artifacts").join(name));
+    prune_sources(sh);
     json_resp(StatusCode::OK, &json!({ "removed": name }))
 }
 

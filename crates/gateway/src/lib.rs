@@ -11,12 +11,10 @@
 mod control;
 mod engine_link;
 pub mod http;
-pub mod manifest;
 mod metrics;
 pub mod store;
 
 use control::ControlClient;
-use engine::spec::FunctionSpec;
 use engine_link::EngineLink;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -40,6 +38,8 @@ pub struct GatewayConfig {
     pub payload_len_max: usize,
     /// Pin HTTP thread i to the i-th allowed CPU (see engine `Placement`).
     pub pin_threads: bool,
+    /// The engine's secret: every connection to it proves it (api::auth).
+    pub engine_secret: api::auth::Secret,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,51 +63,6 @@ pub(crate) struct GwShared {
     pub store: Arc<Store>,
     pub metrics: metrics::Metrics,
     pub control: ControlClient,
-}
-
-impl GwShared {
-    /// Copies a function's source into the gateway's artifact directory and
-    /// returns the spec pointing at that copy.
-    fn archive(&self, spec: &FunctionSpec) -> Result<FunctionSpec, String> {
-        let src = &spec.source_dir;
-        if !src.is_dir() {
-            return Err(format!("function {}: source directory {} does not exist", spec.name, src.display()));
-        }
-        let gen = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
-        let base = self.cfg.state_dir.join("artifacts").join(&spec.name);
-        let dest = base.join(gen.to_string());
-        copy_tree(src, &dest).map_err(|e| format!("function {}: archiving source: {e}", spec.name))?;
-        Ok(FunctionSpec { source_dir: dest, ..spec.clone() })
-    }
-
-    /// After a deploy: keep only the archive the store points at. Called
-    /// only once the engine accepted the new version, so a failed redeploy
-    /// leaves the previous, working archive in place.
-    fn prune_archives(&self, kept: &FunctionSpec) {
-        let base = self.cfg.state_dir.join("artifacts").join(&kept.name);
-        if let Ok(rd) = std::fs::read_dir(&base) {
-            for e in rd.flatten() {
-                if e.path() != kept.source_dir {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-    }
-}
-
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for e in std::fs::read_dir(from)? {
-        let e = e?;
-        let ty = e.file_type()?;
-        let name = e.file_name();
-        if ty.is_dir() && name != "__pycache__" && name != "node_modules" && name != ".git" {
-            copy_tree(&e.path(), &to.join(&name))?;
-        } else if ty.is_file() {
-            std::fs::copy(e.path(), to.join(&name))?;
-        }
-    }
-    Ok(())
 }
 
 /// Per-thread state: the thread's engine link and call id counter.
@@ -134,7 +89,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     }
     std::fs::create_dir_all(&cfg.state_dir)?;
     let store = Arc::new(Store::open(&cfg.state_dir.join("functions.redb"))?);
-    let control = ControlClient::start(cfg.engine, store.clone());
+    let control = ControlClient::start(cfg.engine, cfg.engine_secret.clone(), store.clone());
     let threads = cfg.threads.max(1);
     // Bind the first listener here so an address in use is reported to the
     // caller, and so port 0 resolves to one port every thread shares.
@@ -185,7 +140,7 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
                 return;
             }
         };
-        let link = EngineLink::start(sh.cfg.engine, idx as u32);
+        let link = EngineLink::start(sh.cfg.engine, sh.cfg.engine_secret.clone(), idx as u32);
         let start_us =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
         let th = Rc::new(ThreadState { link, next_seq: Cell::new(start_us), thread: idx as u64 & 0x7f });

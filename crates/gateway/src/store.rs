@@ -1,9 +1,11 @@
 //! The gateway's embedded function store (redb): registered functions
-//! survive a restart of Staccato.
+//! survive a restart of Staccato. Their source archives are files beside
+//! it (`sources/<hex>.tar.gz`), named by their digest and checked against
+//! it whenever they are read.
 
-use engine::spec::FunctionSpec;
+use api::spec::FunctionSpec;
 use redb::{Database, ReadableTable, TableDefinition};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const FUNCTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("functions");
 
@@ -13,6 +15,12 @@ pub enum StoreError {
     Db(String),
     #[error("function store holds a corrupt record for {0}: {1}")]
     Corrupt(String, serde_json::Error),
+    #[error("source {0} is not in the store (upload it first: POST /system/sources)")]
+    NoSource(String),
+    #[error("source {digest}: {err}")]
+    SourceIo { digest: String, err: std::io::Error },
+    #[error("the stored source {0} no longer matches its digest (the file was changed on disk)")]
+    SourceCorrupt(String),
 }
 
 fn db<E: std::fmt::Display>(e: E) -> StoreError {
@@ -21,15 +29,71 @@ fn db<E: std::fmt::Display>(e: E) -> StoreError {
 
 pub struct Store {
     db: Database,
+    sources: PathBuf,
 }
 
 impl Store {
+    /// Opens the store at `path`; source archives live in `sources/` beside it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         let database = Database::create(path).map_err(db)?;
         let tx = database.begin_write().map_err(db)?;
         tx.open_table(FUNCTIONS).map_err(db)?;
         tx.commit().map_err(db)?;
-        Ok(Store { db: database })
+        let sources = path.parent().unwrap_or(Path::new(".")).join("sources");
+        std::fs::create_dir_all(&sources).map_err(db)?;
+        Ok(Store { db: database, sources })
+    }
+
+    fn source_path(&self, digest: &str) -> Option<PathBuf> {
+        // valid_digest allows only hex after the prefix: a safe file name.
+        api::archive::valid_digest(digest).then(|| self.sources.join(format!("{}.tar.gz", &digest[7..])))
+    }
+
+    /// Keeps an archive (already checked by the caller); returns its digest.
+    pub fn put_source(&self, archive: &[u8]) -> Result<String, StoreError> {
+        let digest = api::archive::digest(archive);
+        let path = self.source_path(&digest).expect("digest() makes valid digests");
+        let io = |err| StoreError::SourceIo { digest: digest.clone(), err };
+        if !path.is_file() {
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, archive).map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+        }
+        Ok(digest)
+    }
+
+    pub fn has_source(&self, digest: &str) -> bool {
+        self.source_path(digest).is_some_and(|p| p.is_file())
+    }
+
+    /// An archive, checked against its digest.
+    pub fn source(&self, digest: &str) -> Result<Vec<u8>, StoreError> {
+        let path = self.source_path(digest).ok_or_else(|| StoreError::NoSource(digest.to_string()))?;
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NoSource(digest.into())),
+            Err(err) => return Err(StoreError::SourceIo { digest: digest.into(), err }),
+        };
+        if api::archive::digest(&bytes) != digest {
+            return Err(StoreError::SourceCorrupt(digest.into()));
+        }
+        Ok(bytes)
+    }
+
+    /// Removes archives no stored function names, except those uploaded in
+    /// the last `grace` (a deploy may be about to use them).
+    pub fn prune_sources(&self, grace: std::time::Duration) -> Result<usize, StoreError> {
+        let keep: std::collections::HashSet<String> = self.list()?.into_iter().map(|s| s.source).collect();
+        let mut removed = 0;
+        for e in std::fs::read_dir(&self.sources).map_err(db)?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(hex) = name.strip_suffix(".tar.gz") else { continue };
+            let young = e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t.elapsed().is_ok_and(|a| a < grace));
+            if !keep.contains(&format!("sha256:{hex}")) && !young && std::fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     pub fn put(&self, spec: &FunctionSpec) -> Result<(), StoreError> {
@@ -71,7 +135,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use engine::spec::Runtime;
+    use api::spec::Runtime;
 
     #[test]
     fn put_list_remove_survive_reopen() {
@@ -83,7 +147,7 @@ mod tests {
             name: "f".into(),
             runtime: Runtime::C,
             handler: "x.c".into(),
-            source_dir: "/tmp".into(),
+            source: format!("sha256:{}", "a".repeat(64)),
             min_workers: 1,
             max_workers: 2,
             timeout_ms: 10,
@@ -103,6 +167,16 @@ mod tests {
         assert!(s.remove("f").expect("remove"));
         assert!(!s.remove("f").expect("remove again"));
         assert!(s.list().expect("list").is_empty());
+
+        let digest = s.put_source(b"archive bytes").expect("put source");
+        assert!(s.has_source(&digest));
+        assert_eq!(s.source(&digest).expect("read"), b"archive bytes");
+        // Tampered on disk: refused, not served.
+        std::fs::write(dir.join("sources").join(format!("{}.tar.gz", &digest[7..])), b"evil").expect("write");
+        assert!(matches!(s.source(&digest), Err(StoreError::SourceCorrupt(_))));
+        assert!(matches!(s.source("../../etc/shadow"), Err(StoreError::NoSource(_))));
+        assert_eq!(s.prune_sources(std::time::Duration::ZERO).expect("prune"), 1);
+        assert!(!s.has_source(&digest));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

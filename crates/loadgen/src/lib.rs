@@ -56,6 +56,8 @@ pub struct RunOptions {
     pub progress: bool,
     /// For run.json: the staccato version and `git describe`.
     pub versions: Value,
+    /// The management token, for `/system/trace` (never written to the run).
+    pub token: Option<String>,
 }
 
 pub struct RunResult {
@@ -101,7 +103,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
     }
     let rows = record::rows(&cfg, &arrivals, &outcomes?);
     record::write_requests(&dir.join("requests.csv"), &cfg, &rows).map_err(io("writing requests.csv"))?;
-    let traces = fetch_traces(&base_url);
+    let traces = fetch_traces(&base_url, opts.token.as_deref());
     if traces.is_none() {
         eprintln!("note: no Staccato trace endpoint at {base_url}/system/trace; invocations.csv has only its header");
     }
@@ -189,12 +191,17 @@ fn stop_script(mut child: Child) {
 }
 
 /// `GET {base_url}/system/trace?limit=4096`, best effort: None when absent.
-pub fn fetch_traces(base_url: &str) -> Option<Vec<Value>> {
+pub fn fetch_traces(base_url: &str, token: Option<&str>) -> Option<Vec<Value>> {
     let url = http::parse_url(base_url).ok()?;
     let mut s = std::net::TcpStream::connect_timeout(&url.addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {}/system/trace?limit=4096 HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", url.path, url.host)
-        .ok()?;
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(
+        s,
+        "GET {}/system/trace?limit=4096 HTTP/1.1\r\nHost: {}\r\n{auth}Connection: close\r\n\r\n",
+        url.path, url.host
+    )
+    .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).ok()?;
     let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;

@@ -99,6 +99,7 @@ fn a_run_writes_the_records() {
         max_connections: 8,
         drain: Duration::from_secs(2),
         progress: false,
+        token: None,
         versions: json!({"staccato": "test", "git": null}),
     };
     let t = Instant::now();
@@ -160,6 +161,7 @@ fn refused_connections_are_errors_not_hangs() {
         max_connections: 4,
         drain: Duration::from_millis(500),
         progress: false,
+        token: None,
         versions: Value::Null,
     };
     let res = run(&dir.join("w.json"), &opts).unwrap();

@@ -86,10 +86,10 @@ pub struct MicroArgs {
 }
 
 /// `gateway`: --gateway / STACCATO_GATEWAY, for configs without `base_url`.
-pub fn run(cmd: BenchCmd, gateway: &str) -> Result<()> {
+pub fn run(cmd: BenchCmd, gateway: &str, token: Option<String>) -> Result<()> {
     match cmd {
         BenchCmd::Micro(a) => micro(a),
-        BenchCmd::Run(a) => run_workload(a, gateway),
+        BenchCmd::Run(a) => run_workload(a, gateway, token),
         BenchCmd::Coldstart(a) => crate::coldstart::run(a),
         BenchCmd::Analyze { run } => analyzer_checked("analyze", &[run]),
         BenchCmd::Compare { mut runs, out } => {
@@ -101,8 +101,9 @@ pub fn run(cmd: BenchCmd, gateway: &str) -> Result<()> {
     }
 }
 
-fn run_workload(a: RunArgs, gateway: &str) -> Result<()> {
+fn run_workload(a: RunArgs, gateway: &str, token: Option<String>) -> Result<()> {
     let opts = loadgen::RunOptions {
+        token,
         base_url: gateway.to_string(),
         out_dir: a.out,
         max_connections: a.max_connections,
@@ -263,7 +264,7 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
         rows.push(Row::latency("plain HTTP keep-alive round trip", mode, plain_http(a.calls)?));
     }
     let server = Server::start(&a.up_args)?;
-    let mut c = Client::new(&server.url, None)?;
+    let mut c = Client::new(&server.url, crate::up::read_token(&server.state))?;
     for (lang, label) in LANGS.iter().filter(|(l, _)| a.langs.iter().any(|x| x == l)) {
         eprintln!("  {label}: deploying");
         if let Err(e) = deploy_bench_functions(&mut c, lang) {
@@ -298,13 +299,10 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
 /// sample per redeploy, never a batch.
 fn worker_ready(c: &mut Client, lang: &str, name: &str) -> Result<Vec<u64>> {
     let specs = bench_specs(lang)?;
-    let spec = specs.iter().find(|s| s.name == name).ok_or_else(|| anyhow!("{name} is not in the manifest"))?;
+    let f = specs.iter().find(|f| f.spec.name == name).ok_or_else(|| anyhow!("{name} is not in the manifest"))?;
     let mut out = Vec::new();
     for _ in 0..WORKER_READY_SAMPLES {
-        let r = c.request("POST", "/system/functions", &serde_json::to_vec(&json!({"functions": [spec]}))?)?;
-        if r.status != 200 {
-            bail!("redeploying {name}: {}", String::from_utf8_lossy(&r.body));
-        }
+        crate::deploy::deploy_function(c, f).with_context(|| format!("redeploying {name}"))?;
         // The launcher is ready when the deploy returns; its worker follows.
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
@@ -567,17 +565,15 @@ fn bench_dir(lang: &str) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("cannot find bench/functions/{lang}"))
 }
 
-fn bench_specs(lang: &str) -> Result<Vec<engine::spec::FunctionSpec>> {
+fn bench_specs(lang: &str) -> Result<Vec<api::manifest::ManifestFunction>> {
     let dir = bench_dir(lang)?;
     let text = std::fs::read_to_string(dir.join("staccato.yml"))?;
-    gateway::manifest::parse(&text, &dir).map_err(|e| anyhow!("bench manifest: {e}"))
+    api::manifest::parse(&text, &dir).map_err(|e| anyhow!("bench manifest: {e}"))
 }
 
 fn deploy_bench_functions(c: &mut Client, lang: &str) -> Result<()> {
-    let specs = bench_specs(lang)?;
-    let r = c.request("POST", "/system/functions", &serde_json::to_vec(&json!({"functions": specs}))?)?;
-    if r.status != 200 {
-        bail!("deploying bench functions: {}", String::from_utf8_lossy(&r.body));
+    for f in bench_specs(lang)? {
+        crate::deploy::deploy_function(c, &f).with_context(|| format!("deploying {}", f.spec.name))?;
     }
     // Deploying took containers from the isolation pool, which now makes
     // new ones (runc, a warm Python: ~100 ms of CPU each). This measures the

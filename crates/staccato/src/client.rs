@@ -1,5 +1,11 @@
 //! A minimal blocking HTTP/1.1 keep-alive client: enough for the CLI and for
 //! the benchmark, whose measurement must not be dominated by its own client.
+//!
+//! A request is sent at most once unless it is a GET: a kept-alive
+//! connection the server has closed is noticed before anything is written
+//! (a non-blocking peek), and a failure after the request went out is
+//! reported, never retried, since the server may have acted on it (an
+//! invocation would run twice).
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -39,6 +45,11 @@ impl Client {
         Ok(Client { addr, host: hostport.to_string(), token, conn: None, timeout: Duration::from_secs(120) })
     }
 
+    /// Whether the gateway is on this machine's loopback.
+    pub fn is_loopback(&self) -> bool {
+        self.addr.ip().is_loopback()
+    }
+
     fn connect(&mut self) -> io::Result<&mut BufReader<TcpStream>> {
         if self.conn.is_none() {
             let s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(3))?;
@@ -60,17 +71,21 @@ impl Client {
         body: &[u8],
         headers: &[(&str, &str)],
     ) -> io::Result<Response> {
-        let fresh = self.conn.is_none();
+        if self.conn.as_ref().is_some_and(|c| !still_open(c.get_ref())) {
+            self.conn = None;
+        }
+        let reused = self.conn.is_some();
         match self.try_request(method, path, body, headers) {
             Ok(r) => Ok(r),
-            // A kept-alive connection the server closed: retry once afresh.
-            Err(_) if !fresh => {
-                self.conn = None;
-                self.try_request(method, path, body, headers)
-            }
             Err(e) => {
                 self.conn = None;
-                Err(e)
+                // The server closed the connection between the peek and our
+                // write: only a request without effects may go again.
+                if reused && method == "GET" {
+                    self.try_request(method, path, body, headers).inspect_err(|_| self.conn = None)
+                } else {
+                    Err(e)
+                }
             }
         }
     }
@@ -90,6 +105,17 @@ impl Client {
         c.get_mut().write_all(&req)?;
         read_response(c)
     }
+}
+
+/// Whether an idle kept-alive connection can still carry a request: not
+/// closed by the server, and holding no unsolicited bytes (e.g. a 408).
+fn still_open(s: &TcpStream) -> bool {
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    let open = matches!(s.peek(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).is_ok() && open
 }
 
 /// Reads one response with a Content-Length body (what the gateway sends).
@@ -123,4 +149,70 @@ pub fn read_response<R: BufRead>(r: &mut R) -> io::Result<Response> {
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
     Ok(Response { status, headers, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A server that answers the first request on a connection and reads
+    /// the second without answering, then closes: a POST that went out must
+    /// not be sent again.
+    #[test]
+    fn a_sent_post_is_never_retried() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut served = 0;
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.fetch_add(buf[..n].windows(9).filter(|w| w == b"HTTP/1.1\r").count(), Ordering::SeqCst);
+                    served += 1;
+                    if served == 1 {
+                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+                    } else {
+                        break; // read the POST, answer nothing, close
+                    }
+                }
+            }
+        });
+        let mut c = Client::new(&format!("http://{addr}"), None).unwrap();
+        assert_eq!(c.request("GET", "/a", b"").unwrap().body, b"ok");
+        assert!(c.request("POST", "/function/f", b"input").is_err());
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(requests.load(Ordering::SeqCst), 2, "the POST was sent again");
+    }
+
+    /// A kept-alive connection the server closed while idle is noticed
+    /// before anything is written: the next request goes on a new one.
+    #[test]
+    fn a_connection_closed_while_idle_is_replaced_before_sending() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = [0u8; 4096];
+                if s.read(&mut buf).is_ok_and(|n| n > 0) {
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+                }
+                // Then close it: an idle timeout.
+            }
+        });
+        let mut c = Client::new(&format!("http://{addr}"), None).unwrap();
+        assert_eq!(c.request("POST", "/function/f", b"1").unwrap().status, 200);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(c.request("POST", "/function/f", b"2").unwrap().status, 200);
+    }
 }

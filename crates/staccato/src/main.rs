@@ -7,6 +7,7 @@ mod bench;
 mod cache_cmd;
 mod client;
 mod coldstart;
+mod deploy;
 mod new;
 mod up;
 
@@ -110,7 +111,10 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let client = || Client::new(&cli.gateway, cli.token.clone()).with_context(|| format!("gateway {}", cli.gateway));
+    let tok = token(&cli);
+    let client = || -> Result<Client> {
+        Client::new(&cli.gateway, tok.clone()).with_context(|| format!("gateway {}", cli.gateway))
+    };
     match cli.cmd {
         Cmd::Up(args) => up::up(args),
         Cmd::Engine(args) => up::engine_only(args),
@@ -172,9 +176,21 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Bench(b) => bench::run(b, &cli.gateway),
+        Cmd::Bench(b) => bench::run(b, &cli.gateway, tok),
         Cmd::Cache(c) => cache_cmd::run(c),
     }
+}
+
+/// The management token: --token or STACCATO_TOKEN, else (like Jupyter)
+/// the one `staccato up` wrote into its state directory, but only for a
+/// gateway on this machine's loopback: it never goes anywhere else.
+fn token(cli: &Cli) -> Option<String> {
+    if cli.token.is_some() {
+        return cli.token.clone();
+    }
+    let local = Client::new(&cli.gateway, None).is_ok_and(|c| c.is_loopback());
+    let state = up::state_dir(std::env::var_os("STACCATO_STATE_DIR").map(PathBuf::from));
+    local.then(|| up::read_token(&state)).flatten()
 }
 
 fn unreachable(gw: &str) -> impl Fn(std::io::Error) -> anyhow::Error + '_ {
@@ -209,16 +225,13 @@ fn deploy(c: &mut Client, path: &Path) -> Result<()> {
     let file = manifest_path(path);
     let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
     let base = file.parent().unwrap_or(Path::new("."));
-    let specs = gateway::manifest::parse(&text, base).map_err(|e| anyhow!("{}: {e}", file.display()))?;
-    for spec in specs {
+    let functions = api::manifest::parse(&text, base).map_err(|e| anyhow!("{}: {e}", file.display()))?;
+    for f in functions {
+        let spec = &f.spec;
         print!("Deploying {} ({}) ... ", spec.name, spec.runtime.name());
         std::io::stdout().flush().ok();
         let t = Instant::now();
-        let body = serde_json::to_vec(&serde_json::json!({ "functions": [spec] }))?;
-        let r = c
-            .request("POST", "/system/functions", &body)
-            .context("cannot reach the gateway (is `staccato up` running?)")?;
-        match check(&r) {
+        match deploy::deploy_function(c, &f) {
             Ok(v) => match v["notes"][&spec.name].as_str() {
                 Some(n) => println!("ok ({:.2}s; {n})", t.elapsed().as_secs_f64()),
                 None => println!("ok ({:.2}s)", t.elapsed().as_secs_f64()),

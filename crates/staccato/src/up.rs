@@ -110,6 +110,20 @@ pub struct EngineArgs {
     pub runc: String,
 }
 
+/// The secret of the gateway–engine link (`staccato engine` / `gateway`;
+/// `up` makes a fresh one for its own pair).
+#[derive(Args, Clone, Debug)]
+pub struct EngineTokenArgs {
+    /// Secret every gateway–engine connection proves it knows. Default: the
+    /// file --engine-token-file names.
+    #[arg(long, env = "STACCATO_ENGINE_TOKEN", hide_env_values = true)]
+    pub engine_token: Option<String>,
+    /// File holding the engine secret. Default: <state-dir>/engine-token
+    /// (an engine on loopback creates it, readable by its user only).
+    #[arg(long)]
+    pub engine_token_file: Option<PathBuf>,
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct GatewayArgs {
     /// Gateway address. Anything but loopback requires --token.
@@ -143,6 +157,8 @@ pub struct EngineCmd {
     pub common: CommonArgs,
     #[command(flatten)]
     pub engine: EngineArgs,
+    #[command(flatten)]
+    pub secret: EngineTokenArgs,
 }
 
 /// `staccato gateway`: a gateway alone, in front of an engine elsewhere.
@@ -155,6 +171,8 @@ pub struct GatewayCmd {
     /// The engine to send calls to.
     #[arg(long)]
     pub engine: SocketAddr,
+    #[command(flatten)]
+    pub secret: EngineTokenArgs,
 }
 
 pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
@@ -187,14 +205,20 @@ pub(crate) fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf> {
 pub fn up(args: UpArgs) -> Result<()> {
     let state = state_dir(args.common.state_dir.clone());
     std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
+    let default_ipc = format!("/dev/shm/staccato-{}", args.gateway.listen.port());
+    let ipc_dir = args.engine.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(&default_ipc));
     if args.detach {
+        // Refuse here, in the foreground, rather than in the child's log.
+        drop(lock_dirs(&state, &ipc_dir)?);
         return detach(&args, &state);
     }
+    // Before anything is touched: another instance may own these.
+    let _locks = lock_dirs(&state, &ipc_dir)?;
     init_logging();
     ipc::block_termination_signals();
-    let default_ipc = format!("/dev/shm/staccato-{}", args.gateway.listen.port());
-    let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc)?;
-    let gw = start_gateway(&args.common, &args.gateway, engine.addr, &state)?;
+    let secret = api::auth::Secret::random().map_err(|e| anyhow!("{e}"))?;
+    let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc, secret.clone())?;
+    let gw = start_gateway(&args.common, &args.gateway, engine.addr, &state, secret)?;
     std::fs::write(state.join("staccato.pid"), std::process::id().to_string())?;
     println!(
         "Staccato is up: gateway http://{} (engine {}, IPC {}, state {})",
@@ -208,11 +232,21 @@ pub fn up(args: UpArgs) -> Result<()> {
 
 pub fn engine_only(args: EngineCmd) -> Result<()> {
     let state = state_dir(args.common.state_dir.clone());
+    std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
+    let default_ipc = format!("/dev/shm/staccato-engine-{}", args.engine.engine_listen.port());
+    let ipc_dir = args.engine.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(&default_ipc));
+    let _locks = lock_dirs(&state, &ipc_dir)?;
     init_logging();
     ipc::block_termination_signals();
-    let default_ipc = format!("/dev/shm/staccato-engine-{}", args.engine.engine_listen.port());
-    let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc)?;
-    println!("Staccato engine is up on {} (IPC {}, state {})", engine.addr, ipc_dir.display(), state.display());
+    let loopback = args.engine.engine_listen.ip().is_loopback();
+    let (secret, from) = engine_secret(&args.secret, &state, loopback)?;
+    let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc, secret)?;
+    println!(
+        "Staccato engine is up on {} (IPC {}, state {}; gateways need the engine token {from})",
+        engine.addr,
+        ipc_dir.display(),
+        state.display()
+    );
     wait_and_stop(&engine)
 }
 
@@ -227,8 +261,13 @@ fn wait_and_stop(engine: &engine::Engine) -> Result<()> {
 
 pub fn gateway_only(args: GatewayCmd) -> Result<()> {
     let state = state_dir(args.common.state_dir.clone());
+    std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
+    let _lock = lock_file(&state.join("gateway.lock"), &state)?;
     init_logging();
-    let gw = start_gateway(&args.common, &args.gateway, args.engine, &state)?;
+    let (secret, _) = engine_secret(&args.secret, &state, false).context(
+        "the gateway needs the engine's token (--engine-token, STACCATO_ENGINE_TOKEN or --engine-token-file)",
+    )?;
+    let gw = start_gateway(&args.common, &args.gateway, args.engine, &state, secret)?;
     println!("Staccato gateway is up: http://{} (engine {})", gw.addr, args.engine);
     park()
 }
@@ -249,7 +288,13 @@ fn check_payload_max(c: &CommonArgs) -> Result<()> {
     Ok(())
 }
 
-fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str) -> Result<(engine::Engine, PathBuf)> {
+fn start_engine(
+    c: &CommonArgs,
+    e: &EngineArgs,
+    state: &Path,
+    default_ipc: &str,
+    secret: api::auth::Secret,
+) -> Result<(engine::Engine, PathBuf)> {
     check_payload_max(c)?;
     let runtimes = find_runtimes(e.runtimes_dir.clone())?;
     let ipc_dir = e.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(default_ipc));
@@ -269,6 +314,7 @@ fn start_engine(c: &CommonArgs, e: &EngineArgs, state: &Path, default_ipc: &str)
     cfg.payload_len_max = c.payload_max;
     cfg.python = e.python.clone();
     cfg.cache_dir = state.join("cache");
+    cfg.secret = secret;
     cfg.containers = container_config(e, state, &cfg.runtimes_dir)?;
     if let Some(cc) = &mut cfg.containers {
         cc.pause = !e.no_pause;
@@ -397,18 +443,124 @@ pub(crate) fn containers(
     }))
 }
 
-fn start_gateway(c: &CommonArgs, g: &GatewayArgs, engine: SocketAddr, state: &Path) -> Result<gateway::Gateway> {
+fn start_gateway(
+    c: &CommonArgs,
+    g: &GatewayArgs,
+    engine: SocketAddr,
+    state: &Path,
+    engine_secret: api::auth::Secret,
+) -> Result<gateway::Gateway> {
     check_payload_max(c)?;
+    let token = match g.token.clone().filter(|t| !t.is_empty()) {
+        Some(t) => Some(t),
+        // On loopback, a token of its own in a file only this user can read
+        // (as Jupyter does): local web pages and other users are kept out,
+        // and the CLI on this machine finds it by itself.
+        None if g.listen.ip().is_loopback() => Some(ensure_token(state, "token")?),
+        // Elsewhere the gateway refuses to start without one (below).
+        None => None,
+    };
     let cfg = gateway::GatewayConfig {
         listen: g.listen,
         engine,
         threads: g.gateway_threads.unwrap_or_else(|| ipc::cpus_allowed().len().clamp(1, 8)),
-        token: g.token.clone().filter(|t| !t.is_empty()),
+        token,
+        engine_secret,
         state_dir: state.to_path_buf(),
         payload_len_max: c.payload_max,
         pin_threads: matches!(c.placement, PlacementArg::Packed),
     };
     gateway::start(cfg).context("starting the gateway")
+}
+
+/// The management token `up` wrote into a state directory, if any.
+pub fn read_token(state: &Path) -> Option<String> {
+    std::fs::read_to_string(state.join("token")).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
+}
+
+/// Reads `<state>/<name>`, or creates it with a fresh random token, mode
+/// 0600 (created that way, never widened later).
+fn ensure_token(state: &Path, name: &str) -> Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = state.join(name);
+    if let Ok(t) = std::fs::read_to_string(&path) {
+        if !t.trim().is_empty() {
+            return Ok(t.trim().to_string());
+        }
+    }
+    let token = api::auth::random_token().map_err(|e| anyhow!("{e}"))?;
+    let _ = std::fs::remove_file(&path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(token.as_bytes())?;
+    Ok(token)
+}
+
+/// The engine link's secret and where it came from. Without one given, an
+/// engine on loopback makes `<state>/engine-token`; anything else needs it
+/// given, since a gateway elsewhere must be told it anyway.
+fn engine_secret(a: &EngineTokenArgs, state: &Path, may_create: bool) -> Result<(api::auth::Secret, String)> {
+    let bad = || anyhow!("the engine token is empty");
+    if let Some(t) = &a.engine_token {
+        return Ok((api::auth::Secret::new(t).ok_or_else(bad)?, "given with --engine-token".into()));
+    }
+    let file = a.engine_token_file.clone().unwrap_or_else(|| state.join("engine-token"));
+    let text = if a.engine_token_file.is_none() && may_create {
+        ensure_token(state, "engine-token")?
+    } else {
+        std::fs::read_to_string(&file).with_context(|| {
+            format!("reading the engine token from {} (pass --engine-token or --engine-token-file)", file.display())
+        })?
+    };
+    Ok((api::auth::Secret::new(&text).ok_or_else(bad)?, format!("in {}", file.display())))
+}
+
+/// An exclusive lock held while the process lives; a second `up` on the
+/// same state or IPC directory is refused before it touches either.
+pub struct DirLock(#[allow(dead_code)] std::fs::File);
+
+fn lock_file(path: &Path, what: &Path) -> Result<DirLock> {
+    use std::io::{Read, Seek, Write};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => {
+            f.set_len(0)?;
+            f.rewind()?;
+            write!(f, "{}", std::process::id())?;
+            Ok(DirLock(f))
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = f.read_to_string(&mut pid);
+            bail!(
+                "{} is in use by another staccato (pid {}); stop it first (`staccato down`), or use another \
+                 --state-dir / --ipc-dir / --listen port",
+                what.display(),
+                pid.trim()
+            )
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("locking {}", path.display())),
+    }
+}
+
+fn lock_dirs(state: &Path, ipc_dir: &Path) -> Result<(DirLock, DirLock)> {
+    let s = lock_file(&state.join("lock"), state)?;
+    let ipc_lock = PathBuf::from(format!("{}.lock", ipc_dir.display()));
+    if let Some(parent) = ipc_lock.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    Ok((s, lock_file(&ipc_lock, ipc_dir)?))
 }
 
 fn detach(args: &UpArgs, state: &Path) -> Result<()> {

@@ -15,6 +15,12 @@ pub enum FrameKind {
     Error = 4,
     Control = 5,
     ControlReply = 6,
+    /// Handshake (docs/protocol.md §2): the engine's nonce and proof.
+    Challenge = 7,
+    /// Handshake: the client's proof.
+    Auth = 8,
+    /// Handshake: the engine accepted the client; ordinary frames follow.
+    Welcome = 9,
 }
 
 impl FrameKind {
@@ -26,6 +32,9 @@ impl FrameKind {
             4 => FrameKind::Error,
             5 => FrameKind::Control,
             6 => FrameKind::ControlReply,
+            7 => FrameKind::Challenge,
+            8 => FrameKind::Auth,
+            9 => FrameKind::Welcome,
             _ => return None,
         })
     }
@@ -121,6 +130,14 @@ impl Timing {
     pub fn from_header(h: &FrameHeader) -> Timing {
         Timing { queue_us: h.a, exec_us: h.b, cold_us: h.c }
     }
+}
+
+/// A complete frame of `kind` with `body` (control and handshake frames).
+pub fn frame(kind: FrameKind, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + body.len());
+    out.extend_from_slice(&FrameHeader::new(kind, 0, body.len()).encode());
+    out.extend_from_slice(body);
+    out
 }
 
 /// Builds a complete `Call` frame: header, function name, input.

@@ -28,10 +28,14 @@ pub enum ErrorKind {
     BadRequest = 7,
     Internal = 8,
     OutOfMemory = 9,
+    OutputTooLarge = 10,
+    CallCycle = 11,
+    CallDepthExceeded = 12,
+    FunctionRemoved = 13,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 9] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::NotFound,
         ErrorKind::PayloadTooLarge,
         ErrorKind::FunctionError,
@@ -41,6 +45,10 @@ impl ErrorKind {
         ErrorKind::BadRequest,
         ErrorKind::Internal,
         ErrorKind::OutOfMemory,
+        ErrorKind::OutputTooLarge,
+        ErrorKind::CallCycle,
+        ErrorKind::CallDepthExceeded,
+        ErrorKind::FunctionRemoved,
     ];
 
     pub fn from_code(code: u16) -> Option<ErrorKind> {
@@ -62,6 +70,10 @@ impl ErrorKind {
             ErrorKind::BadRequest => "bad_request",
             ErrorKind::Internal => "internal",
             ErrorKind::OutOfMemory => "out_of_memory",
+            ErrorKind::OutputTooLarge => "output_too_large",
+            ErrorKind::CallCycle => "call_cycle",
+            ErrorKind::CallDepthExceeded => "call_depth_exceeded",
+            ErrorKind::FunctionRemoved => "function_removed",
         }
     }
 
@@ -78,6 +90,14 @@ impl ErrorKind {
             ErrorKind::BadRequest => 400,
             ErrorKind::Internal => 500,
             ErrorKind::OutOfMemory => 502,
+            // The function's answer was too big: its fault, not the client's.
+            ErrorKind::OutputTooLarge => 502,
+            // The call needs a worker its own callers hold.
+            ErrorKind::CallCycle => 409,
+            // Loop Detected (RFC 5842): internal calls nested too deeply.
+            ErrorKind::CallDepthExceeded => 508,
+            // Gone: the function was removed while the call waited or ran.
+            ErrorKind::FunctionRemoved => 410,
         }
     }
 }
@@ -117,7 +137,7 @@ mod tests {
             assert_eq!(ErrorKind::from_code(k.code()), Some(k));
         }
         assert_eq!(ErrorKind::from_code(0), None);
-        assert_eq!(ErrorKind::from_code(10), None);
+        assert_eq!(ErrorKind::from_code(14), None);
     }
 
     #[test]

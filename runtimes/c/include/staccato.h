@@ -59,6 +59,10 @@ extern "C" {
 #define STACCATO_ERR_BAD_REQUEST 7
 #define STACCATO_ERR_INTERNAL 8
 #define STACCATO_ERR_OUT_OF_MEMORY 9
+#define STACCATO_ERR_OUTPUT_TOO_LARGE 10
+#define STACCATO_ERR_CALL_CYCLE 11
+#define STACCATO_ERR_CALL_DEPTH_EXCEEDED 12
+#define STACCATO_ERR_FUNCTION_REMOVED 13
 
 /* Longest function name accepted by staccato_call, in bytes. */
 #define STACCATO_NAME_MAX 64
@@ -84,7 +88,7 @@ typedef struct staccato_result {
 STACCATO_API int staccato_handle(staccato_ctx *ctx, const uint8_t *input, size_t input_len);
 
 /* Sets the output (copied; may be called several times, the last one wins).
- * Returns 0, or STACCATO_ERR_PAYLOAD_TOO_LARGE if len exceeds the
+ * Returns 0, or STACCATO_ERR_OUTPUT_TOO_LARGE if len exceeds the
  * configured maximum payload (STACCATO_PAYLOAD_MAX), or
  * STACCATO_ERR_OUT_OF_MEMORY.  If the last call failed, the invocation fails
  * with that error kind whatever staccato_handle returns. */

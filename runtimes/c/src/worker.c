@@ -249,8 +249,8 @@ static void ctx_begin(staccato_ctx *ctx, const stc_header *h)
  * handler meant to return cannot be delivered. */
 static void finish_dispatch(const staccato_ctx *ctx, int rc)
 {
-    if (ctx->out_error == STACCATO_ERR_PAYLOAD_TOO_LARGE) {
-        send_failuref(ctx->call_id, STACCATO_ERR_PAYLOAD_TOO_LARGE,
+    if (ctx->out_error == STACCATO_ERR_OUTPUT_TOO_LARGE) {
+        send_failuref(ctx->call_id, STACCATO_ERR_OUTPUT_TOO_LARGE,
                       "%s: output of %zu bytes exceeds the maximum payload of %zu bytes", cfg->function,
                       ctx->out_error_len, cfg->payload_max);
     } else if (ctx->out_error != 0) {
@@ -355,7 +355,7 @@ int staccato_set_output(staccato_ctx *ctx, const void *data, size_t len)
         return STACCATO_ERR_BAD_REQUEST;
     int kind = STACCATO_OK;
     if (len > cfg->payload_max) {
-        kind = STACCATO_ERR_PAYLOAD_TOO_LARGE;
+        kind = STACCATO_ERR_OUTPUT_TOO_LARGE;
     } else {
         uint8_t *buf = reserve(ctx->out, &ctx->out_cap, len);
         if (buf == NULL)

@@ -352,7 +352,7 @@ def test_output_above_payload_max(tmp_path):
         eng.handshake()
         ch, _ = eng.create_worker(1)
         res = call(ch, b"!big:4097", call_id=GW | 1)
-        assert (res.kind, res.error_kind) == (FAILURE, 2)
+        assert (res.kind, res.error_kind) == (FAILURE, 10)  # output_too_large
         res = call(ch, b"!big:4096", call_id=GW | 2)  # exactly the maximum is fine
         assert (res.kind, res.flags, res.payload_len) == (COMPLETION, SHM, 4096)
         shm_file(eng.ipc, GW | 2, "o").unlink()

@@ -68,6 +68,10 @@ enum class ErrorKind : int {
     bad_request = STACCATO_ERR_BAD_REQUEST,
     internal = STACCATO_ERR_INTERNAL,
     out_of_memory = STACCATO_ERR_OUT_OF_MEMORY,
+    output_too_large = STACCATO_ERR_OUTPUT_TOO_LARGE,
+    call_cycle = STACCATO_ERR_CALL_CYCLE,
+    call_depth_exceeded = STACCATO_ERR_CALL_DEPTH_EXCEEDED,
+    function_removed = STACCATO_ERR_FUNCTION_REMOVED,
 };
 
 // The protocol's name of an error kind code ("not_found", ...), "unknown"
@@ -84,6 +88,10 @@ constexpr std::string_view error_kind_name(int code) noexcept
     case STACCATO_ERR_BAD_REQUEST: return "bad_request";
     case STACCATO_ERR_INTERNAL: return "internal";
     case STACCATO_ERR_OUT_OF_MEMORY: return "out_of_memory";
+    case STACCATO_ERR_OUTPUT_TOO_LARGE: return "output_too_large";
+    case STACCATO_ERR_CALL_CYCLE: return "call_cycle";
+    case STACCATO_ERR_CALL_DEPTH_EXCEEDED: return "call_depth_exceeded";
+    case STACCATO_ERR_FUNCTION_REMOVED: return "function_removed";
     default: return "unknown";
     }
 }

@@ -28,7 +28,8 @@ BUILD = Path(os.environ.get("STACCATO_CPP_BUILD", HERE.parent / "build"))
 HANDLER = BUILD / "test_handler.so"
 
 KIND_NAMES = ["not_found", "payload_too_large", "function_error", "worker_crashed", "timeout",
-              "engine_unavailable", "bad_request", "internal", "out_of_memory"]
+              "engine_unavailable", "bad_request", "internal", "out_of_memory",
+              "output_too_large", "call_cycle", "call_depth_exceeded", "function_removed"]
 
 
 def start(tmp_path, handler=HANDLER, **kw):

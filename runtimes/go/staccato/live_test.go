@@ -267,7 +267,7 @@ func TestOutputOverPayloadMax(t *testing.T) {
 	l.Hello()
 	w := l.CreateWorker()
 	m := l.Call(w, gw(), []byte("big 4097"))
-	if m.Kind != wire.Failure || m.ErrorKind != wire.PayloadTooLarge {
+	if m.Kind != wire.Failure || m.ErrorKind != wire.OutputTooLarge {
 		t.Fatalf("%+v %q", m.Header, m.Inline)
 	}
 	if files := l.ShmFiles(); len(files) != 0 {

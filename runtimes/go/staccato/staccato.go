@@ -58,6 +58,10 @@ const (
 	KindBadRequest        = "bad_request"
 	KindInternal          = "internal"
 	KindOutOfMemory       = "out_of_memory"
+	KindOutputTooLarge    = "output_too_large"
+	KindCallCycle         = "call_cycle"
+	KindCallDepthExceeded = "call_depth_exceeded"
+	KindFunctionRemoved   = "function_removed"
 )
 
 // CallError is the error of a failed Context.Call: Kind is the error kind

@@ -248,7 +248,7 @@ func (w *worker) sendResult(ctx *Context, out []byte) {
 		return
 	}
 	if len(out) > w.rt.payloadMax {
-		w.sendFailure(ctx, wire.PayloadTooLarge,
+		w.sendFailure(ctx, wire.OutputTooLarge,
 			fmt.Sprintf("%s: output of %d bytes exceeds the maximum payload of %d bytes", w.rt.function, len(out), w.rt.payloadMax))
 		return
 	}

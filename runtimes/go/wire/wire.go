@@ -135,7 +135,11 @@ const (
 	BadRequest        ErrorKind = 7
 	Internal          ErrorKind = 8
 	OutOfMemory       ErrorKind = 9
-	errorKindMax                = OutOfMemory
+	OutputTooLarge    ErrorKind = 10
+	CallCycle         ErrorKind = 11
+	CallDepthExceeded ErrorKind = 12
+	FunctionRemoved   ErrorKind = 13
+	errorKindMax                = FunctionRemoved
 )
 
 var errorKindNames = [...]string{
@@ -148,6 +152,10 @@ var errorKindNames = [...]string{
 	BadRequest:        "bad_request",
 	Internal:          "internal",
 	OutOfMemory:       "out_of_memory",
+	OutputTooLarge:    "output_too_large",
+	CallCycle:         "call_cycle",
+	CallDepthExceeded: "call_depth_exceeded",
+	FunctionRemoved:   "function_removed",
 }
 
 // Valid reports whether e is a known error kind code.

@@ -500,14 +500,14 @@ describe('launcher (own engine)', T, () => {
     }
   });
 
-  test('output above STACCATO_PAYLOAD_MAX is payload_too_large; input too', T, async () => {
+  test('output above STACCATO_PAYLOAD_MAX is output_too_large; input payload_too_large', T, async () => {
     const eng = new Engine({ files: { 'handler.mjs': HANDLER }, payloadMax: 4096 });
     try {
       await eng.hello();
       const w = await eng.createWorker();
       let msg = await eng.call(w, 'big 4097', gwId());
       assert.equal(msg.kind, FAILURE);
-      assert.equal(msg.errorKind, 2);
+      assert.equal(msg.errorKind, 10);
       assert.match(msg.inline.toString(), /4097 bytes exceeds the maximum of 4096/);
       assert.deepEqual(fs.readdirSync(eng.shm), []);
       assert.equal((await eng.call(w, 'big 4096', gwId())).payloadLen, 4096);

@@ -41,7 +41,7 @@ else:
         return loop.create_task(coro)
 
 _FUNCTION_ERROR = int(ErrorKind.function_error)
-_PAYLOAD_TOO_LARGE = int(ErrorKind.payload_too_large)
+_OUTPUT_TOO_LARGE = int(ErrorKind.output_too_large)
 _INTERNAL = int(ErrorKind.internal)
 
 
@@ -308,7 +308,7 @@ class WorkerChannel(Channel):
             return
         limit = self.runtime.payload_max
         if n > limit:
-            self.send_failure(call_id, ctx.parent_call_id, _PAYLOAD_TOO_LARGE,
+            self.send_failure(call_id, ctx.parent_call_id, _OUTPUT_TOO_LARGE,
                               f"output of {n} bytes exceeds the maximum of {limit}")
             return
         try:

@@ -15,6 +15,10 @@ class ErrorKind(enum.IntEnum):
     bad_request = 7
     internal = 8
     out_of_memory = 9
+    output_too_large = 10
+    call_cycle = 11
+    call_depth_exceeded = 12
+    function_removed = 13
 
 
 # Plain dicts for the hot path (enum lookups are comparatively slow).

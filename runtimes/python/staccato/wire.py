@@ -42,7 +42,7 @@ KINDS = {name: code for code, name in KIND_NAMES.items()}
 PAYLOAD_IN_SHM = 1
 
 # Highest known error kind code (codes are 1..ERROR_KIND_MAX, see errors.py).
-ERROR_KIND_MAX = 9
+ERROR_KIND_MAX = 13
 
 _RESERVED = bytes(12)
 _ZEROS = bytes(INLINE_MAX)

@@ -191,7 +191,7 @@ def test_output_over_payload_max_is_rejected(tmp_path, mode):
         eng.hello()
         w = eng.create_worker()
         msg = eng.call(w, b"big 4097", gw_id())
-        assert msg.kind == wire.FAILURE and msg.error_kind == 2
+        assert msg.kind == wire.FAILURE and msg.error_kind == 10  # output_too_large
         assert os.listdir(eng.shm) == []
         assert eng.call(w, b"big 4096", gw_id()).payload_len == 4096
     finally:

@@ -20,10 +20,10 @@
 //!
 //! Every error names the line it is about.
 
-use engine::spec::{self, FunctionSpec, Runtime};
+use crate::spec::{self, FunctionSpec, Runtime};
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct ManifestError {
@@ -75,8 +75,17 @@ struct Entry {
     cpu_shares: Option<u32>,
 }
 
+/// One function of a manifest: its settings, and the directory on the
+/// deploying machine its source comes from (packed and uploaded by the CLI,
+/// which then puts the archive's digest in `spec.source`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManifestFunction {
+    pub spec: FunctionSpec,
+    pub source_dir: PathBuf,
+}
+
 /// Parses a manifest; relative `source` paths are resolved against `base`.
-pub fn parse(text: &str, base: &Path) -> Result<Vec<FunctionSpec>, ManifestError> {
+pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestError> {
     let m: Manifest = serde_yaml::from_str(text).map_err(|e| ManifestError {
         line: e.location().map_or(0, |l| l.line()),
         message: e.to_string().split(" at line ").next().unwrap_or_default().to_string(),
@@ -108,7 +117,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<FunctionSpec>, ManifestError
             name: name.clone(),
             runtime: e.runtime,
             handler: e.handler,
-            source_dir,
+            source: String::new(),
             min_workers: e.min_workers,
             max_workers: e.max_workers,
             timeout_ms,
@@ -118,8 +127,8 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<FunctionSpec>, ManifestError
             worker_mode: e.worker_mode,
             cpu_shares: e.cpu_shares,
         };
-        s.validate().map_err(err)?;
-        out.push(s);
+        s.validate_settings().map_err(err)?;
+        out.push(ManifestFunction { spec: s, source_dir });
     }
     Ok(out)
 }
@@ -174,14 +183,14 @@ mod tests {
     #[test]
     fn parses_several_functions() {
         let y = "version: 1\nfunctions:\n  a:\n    runtime: python\n    timeout: 250ms\n  b:\n    runtime: c\n    handler: nop.c\n    max_workers: 2\n    min_workers: 0\n    timeout: 2s\n";
-        let specs = parse(y, &base()).expect("valid");
+        let specs: Vec<FunctionSpec> = parse(y, &base()).expect("valid").into_iter().map(|f| f.spec).collect();
         assert_eq!(specs.len(), 2);
         assert_eq!(specs[0].timeout_ms, 250);
         assert_eq!(specs[1].timeout_ms, 2000);
         assert_eq!(specs[1].runtime, Runtime::C);
         assert_eq!(specs[0].memory_bytes, spec::default_memory_bytes());
         let y = "functions:\n  a:\n    runtime: c\n    memory: 64Mi\n    pids: 32\n";
-        let specs = parse(y, &base()).expect("valid");
+        let specs: Vec<FunctionSpec> = parse(y, &base()).expect("valid").into_iter().map(|f| f.spec).collect();
         assert_eq!((specs[0].memory_bytes, specs[0].pids), (64 << 20, 32));
     }
 

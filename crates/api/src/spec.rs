@@ -2,7 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -35,9 +34,9 @@ impl Runtime {
     }
 }
 
-/// A function as registered with an engine. `source_dir` is an absolute path
-/// on the engine's machine; the engine copies it at registration so later
-/// edits to the source do not change a running function.
+/// A function as registered with an engine. `source` names its code: the
+/// digest of the source archive the CLI uploaded (see [`crate::archive`]),
+/// which travels with the registration; no server reads a path a user names.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FunctionSpec {
@@ -49,7 +48,7 @@ pub struct FunctionSpec {
     /// the handler library (default `handler.c` / `handler.cpp`).
     #[serde(default)]
     pub handler: String,
-    pub source_dir: PathBuf,
+    pub source: String,
     #[serde(default = "default_min_workers")]
     pub min_workers: u32,
     #[serde(default = "default_max_workers")]
@@ -100,6 +99,17 @@ pub fn default_pids() -> u32 {
 /// Below this a language runtime cannot even start.
 pub const MEMORY_MIN: u64 = 16 << 20;
 
+/// More memory than any host a function lands on has; the engine also
+/// refuses what its own host does not have ([`FunctionSpec::validate_for_host`]).
+pub const MEMORY_MAX: u64 = 1 << 40;
+
+/// All environment variables of a function together: they travel in one
+/// 64 KiB command to the container's init, with the runtime's own.
+pub const ENV_BYTES_MAX: usize = 32 << 10;
+
+/// A handler names a file or a function: anything longer is a mistake.
+pub const HANDLER_LEN_MAX: usize = 256;
+
 pub fn default_min_workers() -> u32 {
     1
 }
@@ -129,6 +139,19 @@ impl FunctionSpec {
     /// Checks everything that does not need the file system. Returns the
     /// first problem, phrased for the person who wrote the manifest.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_settings()?;
+        if !crate::archive::valid_digest(&self.source) {
+            return Err(format!(
+                "source must be the sha256 digest of an uploaded source archive (sha256:<64 hex digits>), got {:?}",
+                self.source
+            ));
+        }
+        Ok(())
+    }
+
+    /// `validate` without the source, which a manifest names by path and
+    /// the CLI replaces with the digest of what it uploads.
+    pub fn validate_settings(&self) -> Result<(), String> {
         if !wire::valid_function_name(&self.name) {
             return Err(format!(
                 "invalid function name {:?}: use 1-64 characters of a-z, 0-9, '-' and '_', starting with a letter",
@@ -178,10 +201,21 @@ impl FunctionSpec {
                 }
             }
         }
-        for k in self.env.keys() {
-            if k.is_empty() || k.contains('=') || k.starts_with("STACCATO_") {
+        if handler.len() > HANDLER_LEN_MAX {
+            return Err(format!("handler is longer than {HANDLER_LEN_MAX} characters"));
+        }
+        let mut env_bytes = 0;
+        for (k, v) in &self.env {
+            if k.is_empty() || k.contains(['=', '\0']) || k.starts_with("STACCATO_") {
                 return Err(format!("invalid env variable name {k:?} (STACCATO_* is reserved)"));
             }
+            if v.contains('\0') {
+                return Err(format!("env variable {k} contains a NUL character"));
+            }
+            env_bytes += k.len() + v.len() + 2;
+        }
+        if env_bytes > ENV_BYTES_MAX {
+            return Err(format!("the environment (env:) is {env_bytes} bytes; at most {ENV_BYTES_MAX} are allowed"));
         }
         if self.worker_mode == WorkerMode::Fork && self.runtime != Runtime::Python {
             return Err(format!(
@@ -199,8 +233,21 @@ impl FunctionSpec {
         if !(8..=65536).contains(&self.pids) {
             return Err(format!("pids must be between 8 and 65536, got {}", self.pids));
         }
-        if !self.source_dir.is_absolute() {
-            return Err(format!("source_dir must be absolute, got {}", self.source_dir.display()));
+        if self.memory_bytes > MEMORY_MAX {
+            return Err(format!("memory must be at most 1Ti, got {} bytes", self.memory_bytes));
+        }
+        Ok(())
+    }
+
+    /// What `validate` cannot know: whether this host can give what the
+    /// function asks for. `memory_total_bytes` is the host's RAM.
+    pub fn validate_for_host(&self, memory_total_bytes: u64) -> Result<(), String> {
+        if memory_total_bytes > 0 && self.memory_bytes > memory_total_bytes {
+            return Err(format!(
+                "memory {} MiB is more than this host has ({} MiB of RAM)",
+                self.memory_bytes >> 20,
+                memory_total_bytes >> 20
+            ));
         }
         Ok(())
     }
@@ -225,7 +272,7 @@ mod tests {
             name: "f".into(),
             runtime: Runtime::Python,
             handler: String::new(),
-            source_dir: "/tmp".into(),
+            source: format!("sha256:{}", "0".repeat(64)),
             min_workers: 1,
             max_workers: 4,
             timeout_ms: 1000,
@@ -253,7 +300,19 @@ mod tests {
         assert!(FunctionSpec { runtime: Runtime::Go, handler: "handle".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { runtime: Runtime::Cpp, handler: "h.c".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { timeout_ms: 0, ..spec() }.validate().is_err());
-        assert!(FunctionSpec { source_dir: "rel".into(), ..spec() }.validate().is_err());
+        assert!(FunctionSpec { source: "/etc".into(), ..spec() }.validate().unwrap_err().contains("digest"));
+        assert!(FunctionSpec { memory_bytes: u64::MAX, ..spec() }.validate().unwrap_err().contains("1Ti"));
+        let big = FunctionSpec { memory_bytes: 64 << 30, ..spec() };
+        assert!(big.validate().is_ok());
+        assert!(big.validate_for_host(24 << 30).unwrap_err().contains("24576 MiB of RAM"));
+        assert!(spec().validate_for_host(24 << 30).is_ok());
+        let mut env = BTreeMap::new();
+        env.insert("K".to_string(), "v".repeat(ENV_BYTES_MAX));
+        assert!(FunctionSpec { env, ..spec() }.validate().unwrap_err().contains("environment"));
+        let mut env = BTreeMap::new();
+        env.insert("K".to_string(), "a\0LD_PRELOAD=/x".to_string());
+        assert!(FunctionSpec { env, ..spec() }.validate().unwrap_err().contains("NUL"));
+        assert!(FunctionSpec { handler: "x".repeat(300), ..spec() }.validate().is_err());
         assert!(FunctionSpec { memory_bytes: 1 << 20, ..spec() }.validate().unwrap_err().contains("16Mi"));
         assert!(FunctionSpec { pids: 2, ..spec() }.validate().unwrap_err().contains("pids"));
         assert!(FunctionSpec { worker_mode: WorkerMode::Fork, ..spec() }.validate().is_ok());

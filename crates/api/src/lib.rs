@@ -1,0 +1,17 @@
+//! What crosses Staccato's process boundaries, shared by the gateway, the
+//! engine and the CLI (which depend on this crate and never on each other):
+//!
+//! * [`spec`]: a function as the engine runs it, and its validation;
+//! * [`manifest`]: the YAML a user deploys, parsed on the user's machine;
+//! * [`archive`]: a function's source, packed by the CLI, checked by the
+//!   gateway and unpacked by the engine (no server ever reads a path a
+//!   request names);
+//! * [`auth`], [`link`]: the gateway–engine handshake (protocol version,
+//!   mutual proof of a shared secret) and constant-time token comparison.
+#![forbid(unsafe_code)]
+
+pub mod archive;
+pub mod auth;
+pub mod link;
+pub mod manifest;
+pub mod spec;

@@ -1,0 +1,316 @@
+"""Trust boundaries, attacked the way a hostile-but-fair user would
+(issue 9): the engine port, deploy requests that name host paths, web pages
+reaching the loopback management API, a second `up` on a running state
+directory, malformed request headers, numbers beyond what a host can give.
+
+Each test fails on a Staccato without the fix it guards.
+"""
+import io
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import (BIN, FUNCS, REPO, check_error, clean_env, free_port, ok_body, own_server, request,
+                     wait_for)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trust")
+    fn = root / "fn"
+    fn.mkdir()
+    (fn / "echo.py").write_text((FUNCS / "py" / "echo.py").read_text())
+    (fn / "staccato.yml").write_text("functions:\n  echo:\n    runtime: python\n    handler: echo:handle\n")
+    with own_server(root / "srv") as s:
+        s.deploy(fn)
+        yield s
+
+
+def engine_port(s):
+    m = re.search(r"\(engine 127\.0\.0\.1:(\d+)", s.log_path.read_text())
+    assert m, s.log_tail()
+    return int(m[1])
+
+
+def frame(kind, body=b"", a=0, c=0):
+    return struct.pack("<IHHQIIII", len(body), kind, 0, 0, a, 0, c, 0) + body
+
+
+def read_frame(sock):
+    head = b""
+    while len(head) < 32:
+        chunk = sock.recv(32 - len(head))
+        if not chunk:
+            return None, b""
+        head += chunk
+    n, kind = struct.unpack_from("<IH", head)
+    body = b""
+    while len(body) < n:
+        chunk = sock.recv(n - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return kind, body
+
+
+HELLO, ERROR, CONTROL, CHALLENGE, AUTH = 1, 4, 5, 7, 8
+
+ATTACK = r"""
+import json, os, socket, struct, sys
+port = int(sys.argv[1])
+def frame(kind, body=b"", a=0):
+    return struct.pack("<IHHQIIII", len(body), kind, 0, 0, a, 0, 0, 0) + body
+out = {"uid": os.getuid()}
+# 1. What a protocol-1 gateway sent: hello (control role), then a register.
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+s.sendall(frame(1, b"\x01") + frame(5, json.dumps({"op": "register", "spec": {"name": "pwned"}}).encode()))
+data = b""
+try:
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        data += c
+except OSError as e:
+    out["error1"] = str(e)
+out["reply1"] = data[32:].decode(errors="replace")
+out["kind1"] = struct.unpack_from("<H", data, 4)[0] if len(data) >= 32 else None
+# 2. A well-formed protocol-2 hello answered with a made-up proof.
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+s.sendall(frame(1, b"STCO" + struct.pack("<HBB", 2, 1, 0) + os.urandom(32)))
+head = s.recv(32)
+n = struct.unpack_from("<I", head)[0]
+s.recv(n)
+s.sendall(frame(8, os.urandom(32)) + frame(5, b'{"op": "status"}'))
+data = b""
+try:
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        data += c
+except OSError as e:
+    out["error2"] = str(e)
+out["reply2"] = data[32:].decode(errors="replace")
+print(json.dumps(out))
+"""
+
+
+def test_engine_port_refuses_unauthenticated_peers(srv):
+    """A local unprivileged user (nobody) speaks to the engine port directly."""
+    port = engine_port(srv)
+    nobody = 65534
+    p = subprocess.run(["python3", "-c", ATTACK, str(port)], capture_output=True, text=True, timeout=30,
+                       preexec_fn=lambda: (os.setgid(nobody), os.setuid(nobody)))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["uid"] == nobody
+    assert out["kind1"] == ERROR and "protocol version 2" in out["reply1"], out
+    assert "authentication failed" in out["reply2"], out
+    # Nothing got registered, nothing answered a status request.
+    assert srv.get("/system/functions/pwned").status == 404
+    assert '"functions"' not in out["reply2"]
+    # The engine still serves the real gateway.
+    assert ok_body(srv.invoke("echo", b"still here")) == b"still here"
+
+
+def test_an_engine_beyond_loopback_needs_a_token(tmp_path):
+    port = free_port()
+    ipc = Path(f"/dev/shm/staccato-test-{port}")
+    p = subprocess.run([str(BIN), "engine", "--engine-listen", f"0.0.0.0:{port}", "--state-dir",
+                        str(tmp_path / "state"), "--ipc-dir", str(ipc), "--isolation", "process"],
+                       capture_output=True, text=True, timeout=30, env=clean_env())
+    assert p.returncode != 0, (p.stdout, p.stderr)
+    assert "engine token" in p.stderr and "--engine-token" in p.stderr, p.stderr
+    # It never listened.
+    with socket.socket() as s:
+        s.settimeout(1)
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_gateway_with_the_wrong_engine_token_is_refused(tmp_path):
+    eport = free_port()
+    ipc = Path(f"/dev/shm/staccato-test-{eport}")
+    elog = open(tmp_path / "engine.log", "wb")
+    engine = subprocess.Popen([str(BIN), "engine", "--engine-listen", f"127.0.0.1:{eport}", "--state-dir",
+                               str(tmp_path / "es"), "--ipc-dir", str(ipc), "--isolation", "process",
+                               "--engine-token", "right"], stdout=elog, stderr=subprocess.STDOUT, env=clean_env())
+    gport = free_port()
+    glog = tmp_path / "gw.log"
+    try:
+        with open(glog, "wb") as g:
+            gw = subprocess.Popen([str(BIN), "gateway", "--listen", f"127.0.0.1:{gport}", "--engine",
+                                   f"127.0.0.1:{eport}", "--state-dir", str(tmp_path / "gs"), "--engine-token",
+                                   "wrong"], stdout=g, stderr=subprocess.STDOUT, env=clean_env())
+        try:
+            said = wait_for(lambda: "authentication failed" in glog.read_text(), timeout=10)
+            assert said, glog.read_text()
+            r = request(gport, "GET", "/healthz")
+            assert r.status == 503, r
+        finally:
+            gw.kill()
+            gw.wait()
+    finally:
+        engine.kill()
+        engine.wait()
+        elog.close()
+
+
+# ---------------------------------------------------------------- sources come from the client
+
+
+def _raw_tar(entries):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for name, kind, data in entries:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            if kind == tarfile.SYMTYPE:
+                info.linkname = "/etc/shadow"
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _no_shadow_under(path):
+    hits = [str(p) for p in Path(path).rglob("*") if p.name in ("shadow", "gshadow")]
+    assert not hits, hits
+
+
+def test_deploy_requests_naming_host_paths_copy_nothing(srv):
+    auth = {**srv.auth(), "Content-Type": "application/json"}
+    for source in ("/etc", "../../..", "/", str(srv.state_dir)):
+        for key in ("source", "source_dir"):
+            body = json.dumps({"functions": [{"name": "steal", "runtime": "python", "handler": "echo:handle",
+                                              key: source}]})
+            r = request(srv.port, "POST", "/system/functions", body=body, headers=auth)
+            assert r.status == 400, (key, source, r)
+    _no_shadow_under(srv.state_dir)
+    assert srv.get("/system/functions/steal").status == 404
+
+
+def test_hostile_source_archives_are_refused_whole(srv):
+    headers = {**srv.auth(), "Content-Type": "application/gzip"}
+    cases = {
+        "escape": [("../../../../tmp/staccato-escaped", tarfile.REGTYPE, b"x")],
+        "absolute": [("/tmp/staccato-absolute", tarfile.REGTYPE, b"x")],
+        "symlink": [("handler.py", tarfile.SYMTYPE, b"")],
+        "device": [("dev", tarfile.CHRTYPE, b"")],
+    }
+    for what, entries in cases.items():
+        r = request(srv.port, "POST", "/system/sources", body=_raw_tar(entries), headers=headers)
+        check_error(r, 400, "bad_request", call_id=False)
+    assert not Path("/tmp/staccato-escaped").exists() and not Path("/tmp/staccato-absolute").exists()
+    r = request(srv.port, "POST", "/system/sources", body=b"\x1f\x8b not really gzip", headers=headers)
+    check_error(r, 400, "bad_request", call_id=False)
+    # A source archive must be uploaded before a deploy can name it.
+    body = json.dumps({"functions": [{"name": "ghost", "runtime": "python", "handler": "echo:handle",
+                                      "source": "sha256:" + "ab" * 32}]})
+    r = request(srv.port, "POST", "/system/functions", body=body,
+                headers={**srv.auth(), "Content-Type": "application/json"})
+    check_error(r, 400, "bad_request", in_message="was not uploaded", call_id=False)
+
+
+def test_a_manifest_naming_the_root_fails_fast_on_the_client(srv, tmp_path):
+    m = tmp_path / "staccato.yml"
+    m.write_text("functions:\n  root:\n    runtime: python\n    handler: echo:handle\n    source: /\n")
+    t = time.monotonic()
+    p = srv.cli("deploy", m)
+    assert p.returncode != 0 and "packing /:" in p.stderr, p.stderr
+    assert any(w in p.stderr for w in ("more than 20000", "larger than", "deeper than")), p.stderr
+    assert time.monotonic() - t < 30
+    _no_shadow_under(srv.state_dir)
+
+
+# ---------------------------------------------------------------- web pages and the loopback API
+
+
+def test_web_pages_cannot_drive_the_loopback_api(srv):
+    evil = {"Content-Type": "text/plain", "Origin": "http://evil.example"}
+    spec = json.dumps({"functions": [{"name": "csrf", "runtime": "python", "handler": "echo:handle",
+                                      "source": "sha256:" + "0" * 64}]})
+    # DNS rebinding: the page's own name, resolved to 127.0.0.1.
+    r = request(srv.port, "POST", "/system/functions", body=spec,
+                headers={**evil, "Host": f"evil.example:{srv.port}"})
+    check_error(r, 403, "forbidden", in_message="evil.example", call_id=False)
+    r = request(srv.port, "POST", "/function/echo", body=b"x", headers={"Host": f"evil.example:{srv.port}"})
+    check_error(r, 403, "forbidden", call_id=False)
+    # Cross-site form post to the right host: refused for its origin even with the token.
+    r = request(srv.port, "POST", "/system/functions", body=spec, headers={**evil, **srv.auth()})
+    check_error(r, 403, "forbidden", in_message="origin", call_id=False)
+    r = request(srv.port, "GET", "/system/functions", headers={"Sec-Fetch-Site": "cross-site", **srv.auth()})
+    check_error(r, 403, "forbidden", call_id=False)
+    # A simple (no-preflight) content type is refused even from the CLI's side.
+    r = request(srv.port, "POST", "/system/functions", body=spec,
+                headers={"Content-Type": "text/plain", **srv.auth()})
+    check_error(r, 415, "unsupported_media_type", call_id=False)
+    # Without the token, nothing; the token file is the user's alone.
+    check_error(request(srv.port, "GET", "/system/functions"), 401, "unauthorized", call_id=False)
+    assert (srv.state_dir / "token").stat().st_mode & 0o077 == 0
+    assert srv.get("/system/functions/csrf").status == 404
+    # Same-origin requests and loopback names still work.
+    r = request(srv.port, "GET", "/system/functions",
+                headers={**srv.auth(), "Origin": f"http://localhost:{srv.port}", "Host": f"localhost:{srv.port}"})
+    assert r.status == 200, r
+
+
+def test_the_cli_finds_the_local_token_by_itself(srv):
+    env = clean_env(STACCATO_GATEWAY=srv.gateway, STACCATO_STATE_DIR=str(srv.state_dir))
+    p = subprocess.run([str(BIN), "ls"], capture_output=True, text=True, timeout=30, env=env)
+    assert p.returncode == 0 and "echo" in p.stdout, p.stderr
+
+
+# ---------------------------------------------------------------- a second `up`
+
+
+def test_a_second_up_on_a_running_state_dir_touches_nothing(srv):
+    before = srv.function("echo")["status"]["container"]["id"]
+    p = subprocess.run([str(BIN), "up", "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(srv.state_dir),
+                        "--ipc-dir", str(srv.ipc_dir)], capture_output=True, text=True, timeout=30, env=clean_env())
+    assert p.returncode != 0, (p.stdout, p.stderr)
+    assert "in use by another staccato" in p.stderr, p.stderr
+    assert "Staccato is up" not in p.stdout
+    for i in range(20):
+        assert ok_body(srv.invoke("echo", str(i).encode())) == str(i).encode()
+    assert srv.function("echo")["status"]["container"]["id"] == before
+    # Another state dir but the same IPC directory: refused too.
+    p = subprocess.run([str(BIN), "up", "--listen", f"127.0.0.1:{free_port()}", "--state-dir",
+                        str(srv.workdir / "other-state"), "--ipc-dir", str(srv.ipc_dir)],
+                       capture_output=True, text=True, timeout=30, env=clean_env())
+    assert p.returncode != 0 and "in use" in p.stderr, p.stderr
+    assert ok_body(srv.invoke("echo", b"after")) == b"after"
+
+
+# ---------------------------------------------------------------- headers and numbers
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "0", "1.5", "99999999999"])
+def test_bad_timeout_headers_are_refused(srv, value):
+    r = srv.invoke("echo", b"x", headers={"X-Staccato-Timeout-Ms": value})
+    check_error(r, 400, "bad_request", in_message="x-staccato-timeout-ms")
+
+
+def test_numbers_are_bounded_by_what_a_host_has(srv, tmp_path):
+    m = tmp_path / "staccato.yml"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "echo.py").write_text("def handle(ctx, d):\n    return d\n")
+    for memory, want in (("100000Gi", "at most 1Ti"), ("512Gi", "more than this host has")):
+        m.write_text(f"functions:\n  big:\n    runtime: python\n    handler: echo:handle\n    source: src\n"
+                     f"    memory: {memory}\n")
+        p = srv.cli("deploy", m)
+        assert p.returncode != 0 and want in p.stderr, (memory, p.stderr)
+    body = json.dumps({"functions": [{"name": "big", "runtime": "python", "handler": "echo:handle",
+                                      "source": "sha256:" + "0" * 64, "memory_bytes": 2**64 - 1}]})
+    r = request(srv.port, "POST", "/system/functions", body=body,
+                headers={**srv.auth(), "Content-Type": "application/json"})
+    check_error(r, 400, "bad_request", in_message="1Ti", call_id=False)
+    assert srv.get("/system/functions/big").status == 404
