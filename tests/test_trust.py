@@ -22,13 +22,30 @@ from harness import (BIN, FUNCS, REPO, check_error, clean_env, free_port, ok_bod
                      wait_for)
 
 
+NEIGHBOURS = """
+import asyncio, os, sys
+
+async def handle(ctx, data):
+    if data == b"exit":
+        await asyncio.sleep(0.05)
+        sys.exit(3)
+    if data == b"crash":
+        await asyncio.sleep(0.05)
+        os._exit(9)
+    await asyncio.sleep(0.3)
+    return data
+"""
+
+
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     root = tmp_path_factory.mktemp("trust")
     fn = root / "fn"
     fn.mkdir()
     (fn / "echo.py").write_text((FUNCS / "py" / "echo.py").read_text())
-    (fn / "staccato.yml").write_text("functions:\n  echo:\n    runtime: python\n    handler: echo:handle\n")
+    (fn / "neighbours.py").write_text(NEIGHBOURS)
+    (fn / "staccato.yml").write_text("functions:\n  echo:\n    runtime: python\n    handler: echo:handle\n"
+                                     "  neighbours:\n    runtime: python\n    handler: neighbours:handle\n")
     with own_server(root / "srv") as s:
         s.deploy(fn)
         yield s
@@ -314,3 +331,31 @@ def test_numbers_are_bounded_by_what_a_host_has(srv, tmp_path):
                 headers={**srv.auth(), "Content-Type": "application/json"})
     check_error(r, 400, "bad_request", in_message="1Ti", call_id=False)
     assert srv.get("/system/functions/big").status == 404
+
+
+# ---------------------------------------------------------------- one call's crash
+
+
+def test_sys_exit_fails_only_its_own_call(srv):
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(4) as ex:
+        ok = [ex.submit(srv.invoke, "neighbours", b"ok%d" % i) for i in range(3)]
+        time.sleep(0.05)
+        bad = ex.submit(srv.invoke, "neighbours", b"exit")
+        assert [ok_body(f.result()) for f in ok] == [b"ok0", b"ok1", b"ok2"]
+        check_error(bad.result(), 500, "function_error", in_message="sys.exit(3)")
+    # Again and again: never mistaken for a launcher that cannot start.
+    for _ in range(5):
+        check_error(srv.invoke("neighbours", b"exit"), 500, "function_error")
+    assert ok_body(srv.invoke("neighbours", b"fine")) == b"fine"
+
+
+def test_a_crash_mid_call_is_not_called_a_crash_loop(srv):
+    for _ in range(5):
+        r = srv.invoke("neighbours", b"crash")
+        check_error(r, 502, "worker_crashed")
+        assert "keeps exiting" not in r.json()["error"]["message"], r
+        wait_for(lambda: srv.function("neighbours")["status"]["launcher"] == "ready", timeout=10)
+    r = srv.invoke("neighbours", b"fine")
+    assert ok_body(r) == b"fine"
+    assert "keeps exiting" not in srv.function("neighbours")["status"]["last_error"]

@@ -234,6 +234,7 @@ impl IoThread {
             let mut core = lock(&func.core);
             core.launcher.state = LauncherState::Ready;
             core.launcher.ready_at = Some(std::time::Instant::now());
+            core.launcher.served = false;
             core.launcher.pid = pid;
             core.launcher.failed_at = None;
             core.launcher.last_error.clear();
@@ -256,7 +257,8 @@ impl IoThread {
             // A launcher that dies soon after starting is in a crash loop:
             // back off as for one that never started, instead of forking
             // a new one at once, again and again.
-            let crashed_young = core.launcher.ready_at.is_some_and(|t| t.elapsed() < crate::shared::LAUNCH_RETRY);
+            let crashed_young = !core.launcher.served
+                && core.launcher.ready_at.is_some_and(|t| t.elapsed() < crate::shared::LAUNCH_RETRY);
             core.launcher.quick_crashes = if crashed_young { core.launcher.quick_crashes + 1 } else { 0 };
             if never_ready {
                 core.launcher.failed_at = Some(std::time::Instant::now());

@@ -93,8 +93,12 @@ pub(crate) struct Launcher {
     pub owner: usize,
     /// When it said hello, to tell a crash loop from a rare crash.
     pub ready_at: Option<Instant>,
-    /// Launchers in a row that died within `LAUNCH_RETRY` of their hello.
+    /// Launchers in a row that died within `LAUNCH_RETRY` of their hello
+    /// without having been given a call: a crash loop at start-up. One that
+    /// dies running calls crashed in the function's code instead.
     pub quick_crashes: u32,
+    /// A call was dispatched to this launcher's workers since its hello.
+    pub served: bool,
     pub failed_at: Option<Instant>,
     pub last_error: String,
     /// The container the launcher runs in (container isolation only).
@@ -322,6 +326,7 @@ impl Shared {
             };
             rec.dispatch_ns = now;
             rec.worker = Some((worker_id, handle.pid));
+            core.launcher.served = true;
             rec.cold = ready_ns > rec.recv_ns;
             let mut header = Header::new(Kind::Dispatch);
             header.call_id = call_id;
@@ -626,6 +631,7 @@ impl Launcher {
             owner: 0,
             ready_at: None,
             quick_crashes: 0,
+            served: false,
             failed_at: None,
             last_error: String::new(),
             container: None,

@@ -249,7 +249,7 @@ class WorkerChannel(Channel):
         # A plain def runs right here, on the loop thread.
         try:
             result = runtime.handler(ctx, data)
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             self._handler_failed(ctx, e)
             return
         if hasattr(result, "__await__"):  # e.g. a def returning a coroutine
@@ -272,7 +272,7 @@ class WorkerChannel(Channel):
             self.send_failure(ctx.call_id, ctx.parent_call_id, _FUNCTION_ERROR,
                               "CancelledError: the invocation was cancelled")
             raise
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             self._handler_failed(ctx, e)
         else:
             self.send_result(ctx, result)
@@ -281,6 +281,14 @@ class WorkerChannel(Channel):
             self._running.pop(ctx.call_id, None)
 
     def _handler_failed(self, ctx, exc):
+        if isinstance(exc, SystemExit):
+            # sys.exit() in one call must not end the process that runs the
+            # function's other calls: it fails this call only.
+            ctx.logger.error("handler called sys.exit(%r); only this call fails", exc.code)
+            self.send_failure(ctx.call_id, ctx.parent_call_id, _FUNCTION_ERROR,
+                              f"SystemExit: the handler called sys.exit({exc.code!r}); this call failed, "
+                              "the function's other calls go on")
+            return
         ctx.logger.error("handler raised", exc_info=exc)
         text = str(exc)
         message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
