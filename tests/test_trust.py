@@ -32,6 +32,15 @@ async def handle(ctx, data):
     if data == b"crash":
         await asyncio.sleep(0.05)
         os._exit(9)
+    if data == b"forge":
+        # A hostile function claims a gateway call id (bit 63) for its call.
+        import staccato
+        ctx._channel._id_base = 1 << 63
+        try:
+            await ctx.call("echo", b"x")
+        except staccato.CallError as e:
+            return f"{e.kind}: {e.message}".encode()
+        return b"accepted"
     await asyncio.sleep(0.3)
     return data
 """
@@ -359,3 +368,8 @@ def test_a_crash_mid_call_is_not_called_a_crash_loop(srv):
     r = srv.invoke("neighbours", b"fine")
     assert ok_body(r) == b"fine"
     assert "keeps exiting" not in srv.function("neighbours")["status"]["last_error"]
+
+
+def test_a_function_cannot_choose_anothers_call_id(srv):
+    out = ok_body(srv.invoke("neighbours", b"forge")).decode()
+    assert out.startswith("bad_request") and "not worker" in out, out

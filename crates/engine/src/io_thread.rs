@@ -399,7 +399,15 @@ impl IoThread {
     fn on_invoke(&mut self, caller: &Arc<Function>, worker_id: u32, h: &Header, m: &Message) {
         let inline = m.inline(h);
         let name_len = usize::from(h.name_len);
-        let Some(tx) = lock(&caller.core).workers.get(&worker_id).map(|w| w.tx.clone()) else { return };
+        let (tx, running) = {
+            let core = lock(&caller.core);
+            let running = core.sched.worker(worker_id).and_then(|w| match w.state {
+                crate::scheduler::WorkerState::Busy(call) => Some(call),
+                _ => None,
+            });
+            (core.workers.get(&worker_id).map(|w| w.tx.clone()), running)
+        };
+        let Some(tx) = tx else { return };
         let reject = |kind: ErrorKind, msg: String| {
             if h.in_shm() {
                 ipc::shm::remove(&caller.dir, &shm_file_name(h.call_id, Kind::Invoke));
@@ -411,6 +419,24 @@ impl IoThread {
             b.truncate(INLINE_LEN_MAX);
             f.payload_len = b.len() as u32;
             let _ = ipc::write_message(&tx, &Message::new(&f, &b));
+        };
+        // A channel message is the function's word, not the engine's: the
+        // call id must be this worker's own (docs/protocol.md "Call ids"),
+        // so no function can take over or collide with another's call, and
+        // the parent is the call the engine gave this worker, whatever the
+        // message claims.
+        if (h.call_id >> 32) as u32 != worker_id || h.call_id as u32 == 0 {
+            let msg = format!(
+                "call id {:016x} is not worker {worker_id}'s: internal call ids are (worker_id << 32) | seq, seq >= 1",
+                h.call_id
+            );
+            return reject(ErrorKind::BadRequest, msg);
+        }
+        let Some(parent) = running else {
+            return reject(
+                ErrorKind::BadRequest,
+                "an internal call must be made while the caller's invocation runs".into(),
+            );
         };
         let name = String::from_utf8_lossy(&inline[..name_len]).into_owned();
         let Some(callee) = self.shared.function(&name) else {
@@ -445,7 +471,7 @@ impl IoThread {
         } else {
             Payload::Bytes(inline[name_len..].to_vec())
         };
-        let rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, h.parent_call_id, deadline_us);
+        let rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, parent, deadline_us);
         self.submit(h.call_id, rec);
     }
 
