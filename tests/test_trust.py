@@ -46,6 +46,41 @@ async def handle(ctx, data):
 """
 
 
+REC = """
+import staccato
+
+LOOP = ("call_cycle", "call_depth_exceeded")
+
+
+async def _call(ctx, name, data):
+    try:
+        return await ctx.call(name, data)
+    except staccato.CallError as e:
+        if e.kind in LOOP:
+            return f"{e.kind}".encode()
+        raise
+
+
+async def handle(ctx, data):
+    d = int(data)
+    if d == 0:
+        return b"0"
+    return str(d).encode() + b"," + await _call(ctx, ctx.function, str(d - 1).encode())
+
+
+async def ping(ctx, data):
+    # ping(n) -> pong(n) -> ping(n - 1) ...; "inf" never ends.
+    return b"ping," + await _call(ctx, "pong", data)
+
+
+async def pong(ctx, data):
+    if data == b"0":
+        return b"pong"
+    nxt = data if data == b"inf" else str(int(data) - 1).encode()
+    return b"pong," + await _call(ctx, "ping", nxt)
+"""
+
+
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     root = tmp_path_factory.mktemp("trust")
@@ -53,8 +88,17 @@ def srv(tmp_path_factory):
     fn.mkdir()
     (fn / "echo.py").write_text((FUNCS / "py" / "echo.py").read_text())
     (fn / "neighbours.py").write_text(NEIGHBOURS)
+    (fn / "rec.py").write_text(REC)
     (fn / "staccato.yml").write_text("functions:\n  echo:\n    runtime: python\n    handler: echo:handle\n"
-                                     "  neighbours:\n    runtime: python\n    handler: neighbours:handle\n")
+                                     "  neighbours:\n    runtime: python\n    handler: neighbours:handle\n"
+                                     "  rec:\n    runtime: python\n    handler: rec:handle\n    max_workers: 8\n"
+                                     "    timeout: 20s\n"
+                                     "  rec-wide:\n    runtime: python\n    handler: rec:handle\n    max_workers: 24\n"
+                                     "    timeout: 20s\n"
+                                     "  ping:\n    runtime: python\n    handler: rec:ping\n    max_workers: 64\n"
+                                     "    timeout: 20s\n"
+                                     "  pong:\n    runtime: python\n    handler: rec:pong\n    max_workers: 64\n"
+                                     "    timeout: 20s\n")
     with own_server(root / "srv") as s:
         s.deploy(fn)
         yield s
@@ -373,3 +417,36 @@ def test_a_crash_mid_call_is_not_called_a_crash_loop(srv):
 def test_a_function_cannot_choose_anothers_call_id(srv):
     out = ok_body(srv.invoke("neighbours", b"forge")).decode()
     assert out.startswith("bad_request") and "not worker" in out, out
+
+
+# ---------------------------------------------------------------- recursion and cycles
+
+
+@pytest.mark.parametrize("depth", [1, 5])
+def test_self_recursion_runs_within_max_workers(srv, depth):
+    t = time.monotonic()
+    out = ok_body(srv.invoke("rec", str(depth).encode(), timeout=30))
+    assert out == ",".join(str(d) for d in range(depth, -1, -1)).encode(), out
+    assert time.monotonic() - t < 5
+
+
+def test_recursion_deeper_than_max_workers_fails_at_once(srv):
+    t = time.monotonic()
+    out = ok_body(srv.invoke("rec", b"20", timeout=30)).decode()
+    # Levels 20..13 hold all 8 workers; the 9th nested call is refused.
+    assert out.endswith("call_cycle") and out.count(",") == 8, out
+    assert time.monotonic() - t < 5
+    # With room for every level, depth 20 runs.
+    out = ok_body(srv.invoke("rec-wide", b"20", timeout=30)).decode()
+    assert out == ",".join(str(d) for d in range(20, -1, -1)), out
+
+
+def test_call_cycles_run_and_runaway_ones_stop_at_the_depth_limit(srv):
+    assert ok_body(srv.invoke("ping", b"3", timeout=30)) == b"ping,pong," * 3 + b"ping,pong"
+    t = time.monotonic()
+    out = ok_body(srv.invoke("ping", b"inf", timeout=30)).decode()
+    assert out.endswith("call_depth_exceeded"), out
+    assert out.count(",") == 32, out  # --max-call-depth 32
+    assert time.monotonic() - t < 5
+    # Everything is still served afterwards.
+    assert ok_body(srv.invoke("rec", b"3", timeout=30)) == b"3,2,1,0"

@@ -46,6 +46,9 @@ pub struct EngineConfig {
     /// (api::auth). Random unless set: nobody can connect then but a
     /// gateway given the same secret in the same process.
     pub secret: api::auth::Secret,
+    /// The longest chain of nested internal calls (`call_depth_exceeded`
+    /// beyond it): runaway recursion fails at once instead of at its timeout.
+    pub max_call_depth: u32,
 }
 
 /// Container isolation (Nuka §III): the pool's settings and the reuse rule.
@@ -92,6 +95,7 @@ impl EngineConfig {
             cache_dir: state_dir.join("cache"),
             cache_budget_bytes: pkgcache::DEFAULT_BUDGET_BYTES,
             secret: api::auth::Secret::random().expect("the kernel's random numbers"),
+            max_call_depth: 32,
         }
     }
 

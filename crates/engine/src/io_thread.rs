@@ -234,7 +234,7 @@ impl IoThread {
             let mut core = lock(&func.core);
             core.launcher.state = LauncherState::Ready;
             core.launcher.ready_at = Some(std::time::Instant::now());
-            core.launcher.served = false;
+            core.launcher.crashed_mid_call = false;
             core.launcher.pid = pid;
             core.launcher.failed_at = None;
             core.launcher.last_error.clear();
@@ -257,8 +257,9 @@ impl IoThread {
             // A launcher that dies soon after starting is in a crash loop:
             // back off as for one that never started, instead of forking
             // a new one at once, again and again.
-            let crashed_young = !core.launcher.served
-                && core.launcher.ready_at.is_some_and(|t| t.elapsed() < crate::shared::LAUNCH_RETRY);
+            let mid_call = core.launcher.crashed_mid_call || core.sched.running() > 0;
+            let crashed_young =
+                !mid_call && core.launcher.ready_at.is_some_and(|t| t.elapsed() < crate::shared::LAUNCH_RETRY);
             core.launcher.quick_crashes = if crashed_young { core.launcher.quick_crashes + 1 } else { 0 };
             if never_ready {
                 core.launcher.failed_at = Some(std::time::Instant::now());
@@ -450,6 +451,27 @@ impl IoThread {
         if deadline_us <= now_us {
             return reject(ErrorKind::Timeout, "the caller's deadline has already passed".into());
         }
+        let depth_max = self.shared.cfg.max_call_depth;
+        let (depth, held) = self.shared.ancestry(parent, &callee, depth_max);
+        if depth >= depth_max {
+            return reject(
+                ErrorKind::CallDepthExceeded,
+                format!(
+                    "calling {name} would make a chain of more than {depth_max} nested internal calls (runaway \
+                     recursion or a call cycle?); the engine's --max-call-depth sets the limit"
+                ),
+            );
+        }
+        if held >= callee.spec.max_workers {
+            return reject(
+                ErrorKind::CallCycle,
+                format!(
+                    "{name} calls itself through its callers: all {} of its workers (max_workers) are held by \
+                     calls up this chain, each waiting for this one; raise max_workers or recurse less deeply",
+                    callee.spec.max_workers
+                ),
+            );
+        }
         if lock(&self.shared.calls).contains_key(&h.call_id) {
             return reject(ErrorKind::BadRequest, format!("call id {:016x} is already in flight", h.call_id));
         }
@@ -471,7 +493,8 @@ impl IoThread {
         } else {
             Payload::Bytes(inline[name_len..].to_vec())
         };
-        let rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, parent, deadline_us);
+        let mut rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, parent, deadline_us);
+        rec.nested = held > 0;
         self.submit(h.call_id, rec);
     }
 
@@ -628,6 +651,7 @@ fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, 
         worker: None,
         sub_queue_ns: 0,
         cold: false,
+        nested: false,
         recv_unix_us: ipc::unix_us(),
     }
 }

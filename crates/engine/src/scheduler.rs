@@ -13,6 +13,11 @@
 //!   by stopping workers that have been idle for a while, least recently
 //!   used first. τ moves at microsecond scale; without the idle time the
 //!   pool would churn (fork, exit, fork) as τ steps between 1 and 2.
+//! * a *nested* call — one whose callers already hold workers of this
+//!   function (recursion, or a cycle A → B → A) — cannot wait for τ: the
+//!   workers it waits for are its own ancestors', and they wait for it. It
+//!   goes first and may run beyond τ, up to `max_workers`; the engine
+//!   refuses one whose ancestors hold all `max_workers` (`call_cycle`).
 
 use crate::concurrency::ConcurrencyHint;
 use std::collections::{BTreeMap, VecDeque};
@@ -47,6 +52,8 @@ pub struct Scheduler {
     pub max_workers: u32,
     hint: ConcurrencyHint,
     queue: VecDeque<u64>,
+    /// Nested calls (see the module doc): dispatched first, beyond τ.
+    nested: VecDeque<u64>,
     workers: BTreeMap<u32, Worker>,
     /// Idle workers, most recently used last.
     idle: Vec<u32>,
@@ -92,6 +99,7 @@ impl Scheduler {
             max_workers,
             hint: ConcurrencyHint::new(alpha),
             queue: VecDeque::new(),
+            nested: VecDeque::new(),
             workers: BTreeMap::new(),
             idle: Vec::new(),
             running: 0,
@@ -101,7 +109,7 @@ impl Scheduler {
     }
 
     pub fn tau(&self, now_ns: u64) -> u32 {
-        let busy = !self.queue.is_empty() || self.running > 0;
+        let busy = self.queued() > 0 || self.running > 0;
         self.hint.tau(now_ns, busy, self.min_workers, self.max_workers)
     }
 
@@ -110,8 +118,14 @@ impl Scheduler {
         self.queue.push_back(call_id);
     }
 
+    /// Queues a nested call: one whose callers hold workers of this function.
+    pub fn enqueue_nested(&mut self, call_id: u64, now_ns: u64) {
+        self.hint.on_arrival(now_ns);
+        self.nested.push_back(call_id);
+    }
+
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        self.queue.len() + self.nested.len()
     }
 
     pub fn running(&self) -> u32 {
@@ -122,7 +136,11 @@ impl Scheduler {
     /// Prefers a worker read by I/O thread `prefer_owner`, so the reply comes
     /// back to the thread (and vCPU) that is already awake.
     pub fn next_dispatch(&mut self, now_ns: u64, prefer_owner: usize) -> Option<(u64, u32)> {
-        if self.queue.is_empty() || self.idle.is_empty() || self.running >= self.tau(now_ns) {
+        if self.idle.is_empty() {
+            return None;
+        }
+        let from_nested = !self.nested.is_empty() && self.running < self.max_workers;
+        if !from_nested && (self.queue.is_empty() || self.running >= self.tau(now_ns)) {
             return None;
         }
         let pos = self
@@ -131,7 +149,7 @@ impl Scheduler {
             .rposition(|w| self.workers.get(w).is_some_and(|x| x.owner == prefer_owner))
             .unwrap_or(self.idle.len() - 1);
         let worker = self.idle.remove(pos);
-        let call = self.queue.pop_front()?;
+        let call = if from_nested { self.nested.pop_front()? } else { self.queue.pop_front()? };
         self.workers.get_mut(&worker)?.state = WorkerState::Busy(call);
         self.running += 1;
         self.running_max = self.running_max.max(self.running);
@@ -161,7 +179,7 @@ impl Scheduler {
             }
         }
         let tau = self.tau(now_ns);
-        let runnable = (self.queue.len() as u32).min(tau.saturating_sub(self.running));
+        let runnable = (self.queue.len() as u32).min(tau.saturating_sub(self.running)) + self.nested.len() as u32;
         let for_queue = runnable.saturating_sub(self.idle.len() as u32 + starting);
         let for_min = self.min_workers.saturating_sub(live + starting);
         let room = self.max_workers.saturating_sub(live + starting);
@@ -283,7 +301,9 @@ impl Scheduler {
 
     /// Takes every queued call (the function is going away or cannot start).
     pub fn drain_queue(&mut self) -> Vec<u64> {
-        self.queue.drain(..).collect()
+        let mut all: Vec<u64> = self.nested.drain(..).collect();
+        all.extend(self.queue.drain(..));
+        all
     }
 
     pub fn worker_ids(&self) -> Vec<u32> {
@@ -296,11 +316,11 @@ impl Scheduler {
             tau: self.tau(now_ns),
             running: self.running,
             running_max: self.running_max,
-            queued: self.queue.len(),
+            queued: self.queued(),
             idle: self.idle.len(),
             starting: count(|s| *s == WorkerState::Starting),
             pool: count(|s| matches!(s, WorkerState::Idle | WorkerState::Busy(_))),
-            rate_per_s: self.hint.rate_per_s(now_ns, !self.queue.is_empty() || self.running > 0),
+            rate_per_s: self.hint.rate_per_s(now_ns, self.queued() > 0 || self.running > 0),
             processing_ms: self.hint.processing_s() * 1e3,
             worker_ready_us: self.ready_us.iter().copied().collect(),
         }
@@ -318,6 +338,36 @@ mod tests {
             s.worker_starting(id, 0, 0);
             assert!(s.worker_ready(id, 0));
         }
+    }
+
+    #[test]
+    fn nested_calls_go_first_and_beyond_tau_up_to_max() {
+        let mut s = Scheduler::new(1, 3, 1e-3);
+        ready_pool(&mut s, 1);
+        s.enqueue(1, 0);
+        let (c, _) = s.next_dispatch(0, 0).expect("the outer call runs");
+        assert_eq!(c, 1);
+        // It calls itself: τ is 1 and taken by the caller, yet the nested
+        // call must run, on a new worker, ahead of an ordinary one.
+        s.enqueue(2, 1);
+        s.enqueue_nested(3, 2);
+        assert_eq!(s.tau(2), 1);
+        assert_eq!(s.workers_to_create(2), 1);
+        s.worker_starting(10, 0, 2);
+        assert!(s.worker_ready(10, 3));
+        assert_eq!(s.next_dispatch(3, 0), Some((3, 10)));
+        // The ordinary call still waits for τ.
+        s.worker_starting(11, 0, 3);
+        assert!(s.worker_ready(11, 3));
+        assert_eq!(s.next_dispatch(3, 0), None);
+        // Never beyond max_workers: with 3 running, a nested call waits.
+        s.enqueue_nested(4, 4);
+        assert_eq!(s.next_dispatch(4, 0), Some((4, 11)));
+        s.enqueue_nested(5, 5);
+        assert_eq!(s.workers_to_create(5), 0);
+        assert_eq!(s.next_dispatch(5, 0), None);
+        assert_eq!(s.queued(), 2);
+        assert_eq!(s.drain_queue(), vec![5, 2]);
     }
 
     #[test]

@@ -94,11 +94,11 @@ pub(crate) struct Launcher {
     /// When it said hello, to tell a crash loop from a rare crash.
     pub ready_at: Option<Instant>,
     /// Launchers in a row that died within `LAUNCH_RETRY` of their hello
-    /// without having been given a call: a crash loop at start-up. One that
-    /// dies running calls crashed in the function's code instead.
+    /// while running no call: a crash loop. One that dies in the middle of
+    /// a call crashed in the function's code, and that call is told so.
     pub quick_crashes: u32,
-    /// A call was dispatched to this launcher's workers since its hello.
-    pub served: bool,
+    /// One of its workers died running a call since its hello.
+    pub crashed_mid_call: bool,
     pub failed_at: Option<Instant>,
     pub last_error: String,
     /// The container the launcher runs in (container isolation only).
@@ -160,6 +160,9 @@ pub(crate) struct CallRecord {
     pub sub_queue_ns: u64,
     /// It waited for a worker that started after it arrived.
     pub cold: bool,
+    /// Its callers hold workers of its function: it is dispatched first and
+    /// beyond τ (scheduler module doc).
+    pub nested: bool,
 }
 
 /// A finished call's timeline, kept in a ring for `staccato trace`. Raw
@@ -262,12 +265,16 @@ impl Shared {
     /// I/O thread (for dispatch locality). Returns gateway replies to send.
     pub fn submit(&self, call_id: u64, rec: CallRecord, cur: usize) -> Vec<GatewayReply> {
         let func = rec.func.clone();
-        let now = rec.recv_ns;
+        let (now, nested) = (rec.recv_ns, rec.nested);
         lock(&self.calls).insert(call_id, rec);
         let removed = {
             let mut core = lock(&func.core);
             if !core.removed {
-                core.sched.enqueue(call_id, now);
+                if nested {
+                    core.sched.enqueue_nested(call_id, now);
+                } else {
+                    core.sched.enqueue(call_id, now);
+                }
                 core.last_active_ns = now;
                 core.thaw();
             }
@@ -281,6 +288,24 @@ impl Shared {
             return replies;
         }
         self.pump(&func, cur)
+    }
+
+    /// How deep a new call under `parent` would be (its callers, counted up
+    /// to the external call), and how many of those callers are calls of
+    /// `callee`, each holding one of its workers while it waits.
+    pub fn ancestry(&self, parent: u64, callee: &Arc<Function>, depth_max: u32) -> (u32, u32) {
+        let calls = lock(&self.calls);
+        let (mut depth, mut held, mut id) = (0u32, 0u32, parent);
+        // Bounded: a chain longer than depth_max is refused anyway.
+        while id != 0 && depth <= depth_max {
+            let Some(rec) = calls.get(&id) else { break };
+            depth += 1;
+            if Arc::ptr_eq(&rec.func, callee) {
+                held += 1;
+            }
+            id = rec.parent_call_id;
+        }
+        (depth, held)
     }
 
     /// Dispatches what τ and the idle workers allow, grows and shrinks the
@@ -326,7 +351,6 @@ impl Shared {
             };
             rec.dispatch_ns = now;
             rec.worker = Some((worker_id, handle.pid));
-            core.launcher.served = true;
             rec.cold = ready_ns > rec.recv_ns;
             let mut header = Header::new(Kind::Dispatch);
             header.call_id = call_id;
@@ -558,6 +582,7 @@ impl Shared {
         let mut replies = Vec::new();
         match removed {
             Removed::CrashedDuring(call_id) => {
+                lock(&func.core).launcher.crashed_mid_call = true;
                 ipc::shm::remove(&func.dir, &shm_file_name(call_id, Kind::Dispatch));
                 let (kind, msg) = if oom {
                     (ErrorKind::OutOfMemory, oom_message(func))
@@ -631,7 +656,7 @@ impl Launcher {
             owner: 0,
             ready_at: None,
             quick_crashes: 0,
-            served: false,
+            crashed_mid_call: false,
             failed_at: None,
             last_error: String::new(),
             container: None,

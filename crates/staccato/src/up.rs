@@ -108,6 +108,10 @@ pub struct EngineArgs {
     /// runc binary.
     #[arg(long, default_value = "runc")]
     pub runc: String,
+    /// The longest chain of nested internal calls; deeper ones fail at once
+    /// with call_depth_exceeded.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_call_depth: u32,
 }
 
 /// The secret of the gateway–engine link (`staccato engine` / `gateway`;
@@ -315,6 +319,7 @@ fn start_engine(
     cfg.python = e.python.clone();
     cfg.cache_dir = state.join("cache");
     cfg.secret = secret;
+    cfg.max_call_depth = e.max_call_depth;
     cfg.containers = container_config(e, state, &cfg.runtimes_dir)?;
     if let Some(cc) = &mut cfg.containers {
         cc.pause = !e.no_pause;
