@@ -450,3 +450,48 @@ def test_call_cycles_run_and_runaway_ones_stop_at_the_depth_limit(srv):
     assert time.monotonic() - t < 5
     # Everything is still served afterwards.
     assert ok_body(srv.invoke("rec", b"3", timeout=30)) == b"3,2,1,0"
+
+
+# ---------------------------------------------------------------- dead and idle connections
+
+
+def _closed_within(sock, seconds):
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_dead_and_idle_connections_are_bounded(tmp_path):
+    fn = tmp_path / "fn"
+    fn.mkdir()
+    (fn / "echo.py").write_text((FUNCS / "py" / "echo.py").read_text())
+    (fn / "staccato.yml").write_text("functions:\n  echo:\n    runtime: python\n    handler: echo:handle\n")
+    with own_server(tmp_path / "srv", extra=["--max-connections", "50", "--idle-timeout-s", "3",
+                                            "--isolation", "process"]) as s:
+        s.deploy(fn)
+        # Partial headers, then silence: closed at the timeout, not kept.
+        slow = socket.create_connection(("127.0.0.1", s.port))
+        slow.sendall(b"POST /function/echo HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        t = time.monotonic()
+        assert _closed_within(slow, 10), "a half-sent request held its connection"
+        assert 2 < time.monotonic() - t < 8
+        # Fill the gateway with idle connections.
+        idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(60)]
+        try:
+            r = s.invoke("echo", b"x")
+            check_error(r, 503, "overloaded", in_message="--max-connections", call_id=False)
+            # Management still gets through.
+            assert s.get("/system/functions/echo").status == 200
+            assert request(s.port, "GET", "/healthz").status == 200
+            assert "the limit (--max-connections)" in s.log_path.read_text()
+            # The idle ones are closed at the timeout, and calls flow again.
+            assert all(_closed_within(c, 10) for c in idle)
+            assert ok_body(wait_for(lambda: (lambda r: r if r.status == 200 else None)(s.invoke("echo", b"y")),
+                                    timeout=10)) == b"y"
+        finally:
+            for c in idle:
+                c.close()

@@ -28,7 +28,14 @@ pub const CALL_ID_HEADER: &str = "x-call-id";
 pub const TIMING_HEADER: &str = "x-staccato-timing";
 pub const TIMEOUT_HEADER: &str = "x-staccato-timeout-ms";
 
-pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<Incoming>) -> Resp {
+/// `management_only`: the connection is beyond the connection limit and
+/// may only reach `/system/*` and `/healthz` (calls get 503).
+pub(crate) async fn handle(
+    sh: Arc<GwShared>,
+    th: Rc<ThreadState>,
+    req: Request<Incoming>,
+    management_only: bool,
+) -> Resp {
     if sh.cfg.listen.ip().is_loopback() && !loopback_host(&req) {
         let host =
             req.headers().get(HOST).map_or_else(String::new, |h| String::from_utf8_lossy(h.as_bytes()).into_owned());
@@ -44,6 +51,17 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
     }
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    if management_only && !matches!(segs.first(), Some(&"system" | &"healthz")) {
+        return error_resp(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            &format!(
+                "the gateway has {} connections open, its limit (--max-connections); retry on a fresh connection",
+                sh.cfg.connections_max
+            ),
+            None,
+        );
+    }
     match (req.method(), segs.as_slice()) {
         (&Method::POST | &Method::GET, ["function", name]) => {
             let name = name.to_string();

@@ -24,6 +24,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use store::Store;
 
@@ -40,7 +41,17 @@ pub struct GatewayConfig {
     pub pin_threads: bool,
     /// The engine's secret: every connection to it proves it (api::auth).
     pub engine_secret: api::auth::Secret,
+    /// Open client connections at most (all threads together); beyond it a
+    /// few more are served for management only, and calls get 503.
+    pub connections_max: usize,
+    /// A connection that sends no complete request head for this long is
+    /// closed: idle between requests, or sending its headers too slowly.
+    pub idle_timeout: std::time::Duration,
 }
+
+/// Connections served beyond `connections_max`, for management only: an
+/// operator can still look and act when the gateway is full.
+const RESERVE_CONNECTIONS: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -60,6 +71,11 @@ pub struct Gateway {
 
 pub(crate) struct GwShared {
     pub cfg: GatewayConfig,
+    /// Client connections open now, and those in the management reserve.
+    pub connections: AtomicUsize,
+    pub reserve: AtomicUsize,
+    /// When the full-gateway warning was last logged (seconds since start).
+    pub warned_full_s: AtomicU64,
     pub store: Arc<Store>,
     pub metrics: metrics::Metrics,
     pub control: ControlClient,
@@ -95,7 +111,15 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     // caller, and so port 0 resolves to one port every thread shares.
     let first = bind(cfg.listen).map_err(|e| GatewayError::Listen(cfg.listen, e))?;
     let addr = first.local_addr()?;
-    let sh = Arc::new(GwShared { cfg, store, metrics: Default::default(), control });
+    let sh = Arc::new(GwShared {
+        cfg,
+        store,
+        metrics: Default::default(),
+        control,
+        connections: AtomicUsize::new(0),
+        reserve: AtomicUsize::new(0),
+        warned_full_s: AtomicU64::new(0),
+    });
     let cpus = ipc::cpus_allowed();
     let mut listeners = vec![first];
     for _ in 1..threads {
@@ -107,6 +131,46 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         std::thread::Builder::new().name(format!("gateway-{i}")).spawn(move || serve_thread(sh, i, l, cpu))?;
     }
     Ok(Gateway { addr })
+}
+
+/// A connection's place in the count; given back when it closes.
+struct Slot {
+    sh: Arc<GwShared>,
+    reserve: bool,
+}
+
+impl Slot {
+    /// A place for a new connection: an ordinary one, one of the reserve
+    /// (management only), or none (the connection is closed at once).
+    fn take(sh: &Arc<GwShared>, started: std::time::Instant) -> Option<Slot> {
+        if sh.connections.fetch_add(1, Ordering::AcqRel) < sh.cfg.connections_max {
+            return Some(Slot { sh: sh.clone(), reserve: false });
+        }
+        sh.connections.fetch_sub(1, Ordering::AcqRel);
+        let now_s = started.elapsed().as_secs() + 1;
+        let last = sh.warned_full_s.load(Ordering::Relaxed);
+        if (last == 0 || now_s >= last + 10)
+            && sh.warned_full_s.compare_exchange(last, now_s, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        {
+            log::warn!(
+                "gateway: {} client connections are open, the limit (--max-connections); new ones are answered \
+                 503, except management requests",
+                sh.cfg.connections_max
+            );
+        }
+        if sh.reserve.fetch_add(1, Ordering::AcqRel) < RESERVE_CONNECTIONS {
+            return Some(Slot { sh: sh.clone(), reserve: true });
+        }
+        sh.reserve.fetch_sub(1, Ordering::AcqRel);
+        None
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let counter = if self.reserve { &self.sh.reserve } else { &self.sh.connections };
+        counter.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
@@ -144,16 +208,32 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
         let start_us =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
         let th = Rc::new(ThreadState { link, next_seq: Cell::new(start_us), thread: idx as u64 & 0x7f });
+        let started = std::time::Instant::now();
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of file descriptors, most likely: let some close.
+                    log::warn!("gateway thread {idx}: accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
             let _ = stream.set_nodelay(true);
+            let Some(slot) = Slot::take(&sh, started) else { continue };
             let (sh, th) = (sh.clone(), th.clone());
             tokio::task::spawn_local(async move {
+                let management_only = slot.reserve;
                 let svc = service_fn(move |req| {
                     let (sh, th) = (sh.clone(), th.clone());
-                    async move { Ok::<_, Infallible>(http::handle(sh, th, req).await) }
+                    async move { Ok::<_, Infallible>(http::handle(sh, th, req, management_only).await) }
                 });
-                let _ = http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc).await;
+                let mut b = http1::Builder::new();
+                b.timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(slot.sh.cfg.idle_timeout)
+                    .keep_alive(!management_only);
+                let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+                drop(slot);
             });
         }
     });

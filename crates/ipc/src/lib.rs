@@ -699,3 +699,22 @@ pub fn wait_termination() -> i32 {
         sig
     }
 }
+
+/// Raises this process's open-file limit to its hard limit (a gateway with
+/// thousands of connections needs more than the usual soft 1024) and
+/// returns the limit now in force.
+pub fn raise_nofile_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only into `lim`, a valid rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let want = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        // SAFETY: setrlimit only reads `want`, a valid rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            lim.rlim_cur = lim.rlim_max;
+        }
+    }
+    Ok(lim.rlim_cur)
+}

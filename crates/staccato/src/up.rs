@@ -139,6 +139,15 @@ pub struct GatewayArgs {
     /// Management API token (required to listen beyond loopback).
     #[arg(long, env = "STACCATO_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Client connections open at once; beyond it calls get 503 and a few
+    /// more connections are kept for management requests.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Seconds a connection may go without sending a complete request head
+    /// (idle between requests, or sending its headers slowly) before it is
+    /// closed.
+    #[arg(long, default_value_t = 30.0)]
+    pub idle_timeout_s: f64,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -465,7 +474,21 @@ fn start_gateway(
         // Elsewhere the gateway refuses to start without one (below).
         None => None,
     };
+    // Each connection is a file descriptor; keep room for the engine's own.
+    let nofile = ipc::raise_nofile_limit().unwrap_or(1024);
+    let fd_room = (nofile as usize).saturating_sub(1024).max(64);
+    if g.max_connections > fd_room {
+        log::warn!(
+            "--max-connections {} is more than the open-file limit allows ({nofile}); using {fd_room}",
+            g.max_connections
+        );
+    }
+    if !(g.idle_timeout_s > 0.0 && g.idle_timeout_s <= 3600.0) {
+        bail!("--idle-timeout-s must be between 0 and 3600 seconds, got {}", g.idle_timeout_s);
+    }
     let cfg = gateway::GatewayConfig {
+        connections_max: g.max_connections.clamp(1, fd_room),
+        idle_timeout: Duration::from_secs_f64(g.idle_timeout_s),
         listen: g.listen,
         engine,
         threads: g.gateway_threads.unwrap_or_else(|| ipc::cpus_allowed().len().clamp(1, 8)),
