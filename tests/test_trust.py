@@ -495,3 +495,94 @@ def test_dead_and_idle_connections_are_bounded(tmp_path):
         finally:
             for c in idle:
                 c.close()
+
+
+# ---------------------------------------------------------------- removal with calls in flight
+
+
+def _slow_fn(tmp_path, name):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "slow.py").write_text("import asyncio\n\nasync def handle(ctx, data):\n"
+                               "    await asyncio.sleep(float(data))\n    return b'done ' + data\n")
+    (d / "staccato.yml").write_text(f"functions:\n  {name}:\n    runtime: python\n    handler: slow:handle\n"
+                                    "    min_workers: 1\n    max_workers: 1\n    timeout: 10s\n")
+    return d
+
+
+def test_removal_drains_running_calls_and_answers_queued_ones(srv, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    d = _slow_fn(tmp_path, "doomed")
+    srv.deploy(d)
+    with ThreadPoolExecutor(4) as ex:
+        first = ex.submit(srv.invoke, "doomed", b"1.0", timeout=20)
+        time.sleep(0.2)
+        queued = [ex.submit(srv.invoke, "doomed", b"1.0", timeout=20) for _ in range(2)]
+        time.sleep(0.2)
+        p = srv.cli("rm", "doomed")
+        assert p.returncode == 0, p.stderr
+        assert ok_body(first.result()) == b"done 1.0"  # it was running: it finished
+        for f in queued:
+            check_error(f.result(), 410, "function_removed", in_message="removed before the call ran")
+    check_error(srv.invoke("doomed", b"0"), 404, "not_found")
+
+
+def test_a_redeploy_hands_queued_calls_to_the_new_version(srv, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    d = _slow_fn(tmp_path, "renewed")
+    srv.deploy(d)
+    with ThreadPoolExecutor(4) as ex:
+        calls = [ex.submit(srv.invoke, "renewed", b"0.5", timeout=20) for _ in range(3)]
+        time.sleep(0.2)
+        (d / "slow.py").write_text("import asyncio\n\nasync def handle(ctx, data):\n"
+                                   "    await asyncio.sleep(float(data))\n    return b'v2 ' + data\n")
+        srv.deploy(d)
+        bodies = [ok_body(f.result()) for f in calls]
+    # One was running on the old version and finished there; the two queued
+    # behind it (max_workers: 1) ran on the new one. None failed.
+    assert sorted(bodies) == [b"done 0.5", b"v2 0.5", b"v2 0.5"], bodies
+
+
+# ---------------------------------------------------------------- files a function leaves on the host
+
+
+LITTER = """
+import os
+
+
+def handle(ctx, data):
+    ipc = os.environ["STACCATO_IPC_DIR"]
+    if data == b"fill":
+        # Beyond its memory limit, on the host's /dev/shm.
+        with open(os.path.join(ipc, "junk"), "wb") as f:
+            for _ in range(200):
+                f.write(b"x" * (1 << 20))
+        return b"wrote 200 MiB"
+    if data == b"litter":
+        with open(os.path.join(ipc, "shm", "litter"), "wb") as f:
+            f.write(b"x" * (10 << 20))
+        os.makedirs(os.path.join(ipc, "d"), exist_ok=True)
+        os._exit(1)
+    return b"ok"
+"""
+
+
+def test_files_a_function_writes_to_its_ipc_dir_count_and_go(srv, tmp_path):
+    d = tmp_path / "litter"
+    d.mkdir()
+    (d / "litter.py").write_text(LITTER)
+    (d / "staccato.yml").write_text("functions:\n  litter:\n    runtime: python\n    handler: litter:handle\n"
+                                    "    memory: 64Mi\n")
+    srv.deploy(d)
+
+    def leftovers():
+        return [p for p in srv.ipc_dir.glob("litter.*/**/*") if p.is_file() and not p.is_fifo()]
+
+    r = srv.invoke("litter", b"fill", timeout=30)
+    check_error(r, 502, "out_of_memory")
+    assert wait_for(lambda: not leftovers(), timeout=10), leftovers()
+    r = srv.invoke("litter", b"litter", timeout=30)
+    check_error(r, 502, "worker_crashed")
+    assert wait_for(lambda: not leftovers() and not list(srv.ipc_dir.glob("litter.*/d")), timeout=10), leftovers()
+    assert ok_body(wait_for(lambda: (lambda r: r if r.status == 200 else None)(srv.invoke("litter", b"x")),
+                            timeout=10)) == b"ok"

@@ -297,6 +297,7 @@ impl IoThread {
                 self.shared.post(i, Cmd::DropChannel { func: func.clone(), worker_id });
             }
         }
+        self.shared.sweep_ipc_dir(func);
         if never_ready {
             log::error!("{}: launcher exited before it was ready", func.spec.name);
         } else {

@@ -603,6 +603,38 @@ impl Shared {
         replies
     }
 
+    /// The function's launcher is gone and its container with it: every
+    /// file in its IPC directory but the channels and the inputs of calls
+    /// still waiting for it goes too. What a function writes there counts
+    /// against its memory limit while its container lives (tmpfs pages are
+    /// charged to the writer's memory cgroup), and must not outlive it on
+    /// the host's /dev/shm.
+    pub fn sweep_ipc_dir(&self, func: &Arc<Function>) {
+        let keep: std::collections::HashSet<std::ffi::OsString> = lock(&self.calls)
+            .iter()
+            .filter(|(_, r)| {
+                Arc::ptr_eq(&r.func, func) && r.dispatch_ns == 0 && matches!(r.input, Some(Payload::Shm(_)))
+            })
+            .map(|(id, _)| shm_file_name(*id, Kind::Invoke).into())
+            .collect();
+        let shm = func.dir.join("shm");
+        for dir in [&func.dir, &shm] {
+            let Ok(entries) = std::fs::read_dir(dir) else { continue };
+            for e in entries.flatten() {
+                let path = e.path();
+                // file_type does not follow links: a link is removed, never its target.
+                let Ok(ty) = e.file_type() else { continue };
+                if path == shm || keep.contains(&e.file_name()) {
+                    continue;
+                }
+                if std::os::unix::fs::FileTypeExt::is_fifo(&ty) {
+                    continue; // channels: removed with their workers
+                }
+                let _ = if ty.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            }
+        }
+    }
+
     pub fn status(&self) -> Vec<serde_json::Value> {
         let now = ipc::monotonic_ns();
         let mut out: Vec<serde_json::Value> = self

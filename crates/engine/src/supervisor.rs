@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use wire::ErrorKind;
 
 pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
-    let mut sup = Supervisor { shared, children: Vec::new(), contained: Vec::new() };
+    let mut sup = Supervisor { shared, children: Vec::new(), contained: Vec::new(), draining: Vec::new() };
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
@@ -28,6 +28,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
             Err(RecvTimeoutError::Disconnected) => return,
         }
         sup.reap();
+        sup.drain_tick();
     }
 }
 
@@ -38,7 +39,21 @@ struct Supervisor {
     children: Vec<(Child, Arc<Function>)>,
     /// The same for launchers in containers, whose init reports their end.
     contained: Vec<(Arc<sandbox::Container>, u32, Arc<Function>)>,
+    /// Removed or replaced functions finishing the calls they were running.
+    draining: Vec<Draining>,
 }
+
+/// A retired function whose running calls may still finish.
+struct Draining {
+    f: Arc<Function>,
+    until: Instant,
+    why: &'static str,
+}
+
+/// The longest a removed or replaced function's running calls are waited
+/// for (their own timeout, if shorter); then they are answered
+/// `function_removed` and its processes killed.
+const DRAIN_MAX: Duration = Duration::from_secs(30);
 
 impl Supervisor {
     /// One control request; `attachment` is the bytes that followed its
@@ -115,7 +130,7 @@ impl Supervisor {
         });
         self.start_launcher(&func);
         if let Err(e) = self.wait_ready(&func) {
-            self.retire(&func, "deploy failed");
+            self.retire(&func, "deploy failed", None);
             return Err(e);
         }
         let old = self
@@ -125,8 +140,8 @@ impl Supervisor {
             .unwrap_or_else(|p| p.into_inner())
             .insert(func.spec.name.clone(), func.clone());
         if let Some(old) = old {
-            self.retire(&old, "function was redeployed");
-            let _ = fs::remove_dir_all(&old.code_dir);
+            // Its queued calls go to the new version; running ones finish.
+            self.retire(&old, "it was redeployed", Some(&func));
         }
         log::info!("registered {} ({})", func.spec.name, func.spec.runtime.name());
         Ok(json!({ "name": func.spec.name, "notes": func.deps.summary }))
@@ -164,38 +179,107 @@ impl Supervisor {
         let old = self.shared.functions.write().unwrap_or_else(|p| p.into_inner()).remove(name);
         match old {
             Some(f) => {
-                self.retire(&f, "function was removed");
+                self.retire(&f, "it was removed", None);
                 if let Ok(cache) = crate::code::open_cache(&self.shared.cfg) {
                     let _ = cache.unpin(name);
                 }
-                let _ = fs::remove_dir_all(f.code_dir.parent().unwrap_or(&f.code_dir));
                 Ok(json!({ "name": name }))
             }
             None => Err(format!("no function named {name:?}")),
         }
     }
 
-    /// Stops a function for good: queued calls fail, its processes are
-    /// killed (running calls then fail as their workers' channels close).
-    fn retire(&mut self, f: &Arc<Function>, why: &str) {
-        let (queued, pids, container) = {
+    /// Stops a function for good. Nothing new is dispatched to it and its
+    /// launcher is never started again. Queued calls go to `successor` (a
+    /// redeploy) or are answered `function_removed`; running calls may
+    /// finish for a while (`drain_tick`), then are answered the same.
+    fn retire(&mut self, f: &Arc<Function>, why: &'static str, successor: Option<&Arc<Function>>) {
+        let (queued, running) = {
             let mut core = lock(&f.core);
             core.removed = true;
+            core.thaw();
+            (core.sched.drain_queue(), core.sched.running())
+        };
+        let mut replies = Vec::new();
+        for call_id in queued {
+            match successor {
+                Some(new) => replies.extend(self.move_call(call_id, f, new)),
+                None => {
+                    let msg = format!("function {} was removed before the call ran ({why})", f.spec.name);
+                    self.shared.fail_call(call_id, ErrorKind::FunctionRemoved, msg, &mut replies);
+                }
+            }
+        }
+        for r in replies {
+            self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
+        }
+        if running == 0 {
+            self.finish_retire(f, why);
+        } else {
+            let grace = Duration::from_millis(f.spec.timeout_ms).min(DRAIN_MAX);
+            log::info!("{}: {why}; waiting up to {grace:?} for {running} running calls", f.spec.name);
+            self.draining.push(Draining { f: f.clone(), until: Instant::now() + grace, why });
+        }
+    }
+
+    /// A queued call of a replaced function goes to its new version, with
+    /// its input file, if it has one, moved to the new directory.
+    fn move_call(&self, call_id: u64, old: &Arc<Function>, new: &Arc<Function>) -> Vec<crate::shared::GatewayReply> {
+        let Some(mut rec) = lock(&self.shared.calls).remove(&call_id) else { return Vec::new() };
+        if let Some(crate::shared::Payload::Shm(_)) = rec.input {
+            let name = wire::message::shm_file_name(call_id, wire::Kind::Invoke);
+            if let Err(e) = ipc::shm::forward(&old.dir, &new.dir, &name) {
+                let mut replies = Vec::new();
+                lock(&self.shared.calls).insert(call_id, rec);
+                let msg =
+                    format!("function {} was redeployed and the call's input could not follow: {e}", old.spec.name);
+                self.shared.fail_call(call_id, ErrorKind::FunctionRemoved, msg, &mut replies);
+                return replies;
+            }
+        }
+        rec.func = new.clone();
+        rec.nested = false;
+        self.shared.submit(call_id, rec, 0)
+    }
+
+    /// Ends retirements whose calls are done or whose grace is over.
+    fn drain_tick(&mut self) {
+        let now = Instant::now();
+        let done: Vec<Draining> = {
+            let (done, keep) = std::mem::take(&mut self.draining)
+                .into_iter()
+                .partition(|d| now >= d.until || lock(&d.f.core).sched.running() == 0);
+            self.draining = keep;
+            done
+        };
+        for d in done {
+            self.finish_retire(&d.f, d.why);
+        }
+    }
+
+    /// Answers the calls still running in a retired function, then kills
+    /// its processes and removes its files. The calls are answered first,
+    /// so the workers' deaths that follow report nothing.
+    fn finish_retire(&mut self, f: &Arc<Function>, why: &str) {
+        let running: Vec<u64> =
+            lock(&self.shared.calls).iter().filter(|(_, r)| Arc::ptr_eq(&r.func, f)).map(|(id, _)| *id).collect();
+        let mut replies = Vec::new();
+        for call_id in running {
+            let msg = format!("function {} stopped while running the call: {why}", f.spec.name);
+            self.shared.fail_call(call_id, ErrorKind::FunctionRemoved, msg, &mut replies);
+        }
+        for r in replies {
+            self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
+        }
+        let (pids, container) = {
+            let mut core = lock(&f.core);
             let mut pids: Vec<u32> = core.workers.values().map(|w| w.pid).filter(|p| *p != 0).collect();
             if core.launcher.pid != 0 {
                 pids.push(core.launcher.pid);
             }
             core.thaw();
-            let container = core.launcher.container.take();
-            (core.sched.drain_queue(), pids, container)
+            (pids, core.launcher.container.take())
         };
-        let mut replies = Vec::new();
-        for call_id in queued {
-            self.shared.fail_call(call_id, ErrorKind::NotFound, format!("{}: {why}", f.spec.name), &mut replies);
-        }
-        for r in replies {
-            self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
-        }
         match (container, &self.shared.pool) {
             // Cleaning it kills everything inside.
             (Some(c), Some(pool)) => pool.give_back(c, true),
@@ -206,6 +290,11 @@ impl Supervisor {
             }
         }
         let _ = fs::remove_dir_all(&f.dir);
+        let _ = fs::remove_dir_all(&f.code_dir);
+        // The function's state directory, once no version is left in it.
+        if let Some(parent) = f.code_dir.parent() {
+            let _ = fs::remove_dir(parent);
+        }
     }
 
     fn start_launcher(&mut self, f: &Arc<Function>) {
