@@ -453,7 +453,7 @@ impl IoThread {
             return reject(ErrorKind::Timeout, "the caller's deadline has already passed".into());
         }
         let depth_max = self.shared.cfg.max_call_depth;
-        let (depth, held) = self.shared.ancestry(parent, &callee, depth_max);
+        let (depth, held, duplicate) = self.shared.ancestry(h.call_id, parent, &callee, depth_max);
         if depth >= depth_max {
             return reject(
                 ErrorKind::CallDepthExceeded,
@@ -473,7 +473,7 @@ impl IoThread {
                 ),
             );
         }
-        if lock(&self.shared.calls).contains_key(&h.call_id) {
+        if duplicate {
             return reject(ErrorKind::BadRequest, format!("call id {:016x} is already in flight", h.call_id));
         }
         // Checks above, the move below: `reject` cleans the caller's directory.

@@ -290,11 +290,14 @@ impl Shared {
         self.pump(&func, cur)
     }
 
-    /// How deep a new call under `parent` would be (its callers, counted up
-    /// to the external call), and how many of those callers are calls of
-    /// `callee`, each holding one of its workers while it waits.
-    pub fn ancestry(&self, parent: u64, callee: &Arc<Function>, depth_max: u32) -> (u32, u32) {
+    /// How deep a new call `call_id` under `parent` would be (its callers,
+    /// counted up to the external call), how many of those callers are calls
+    /// of `callee`, each holding one of its workers while it waits, and
+    /// whether `call_id` is already in flight. One look at `calls`: this is
+    /// on every internal call's path.
+    pub fn ancestry(&self, call_id: u64, parent: u64, callee: &Arc<Function>, depth_max: u32) -> (u32, u32, bool) {
         let calls = lock(&self.calls);
+        let duplicate = calls.contains_key(&call_id);
         let (mut depth, mut held, mut id) = (0u32, 0u32, parent);
         // Bounded: a chain longer than depth_max is refused anyway.
         while id != 0 && depth <= depth_max {
@@ -305,7 +308,7 @@ impl Shared {
             }
             id = rec.parent_call_id;
         }
-        (depth, held)
+        (depth, held, duplicate)
     }
 
     /// Dispatches what τ and the idle workers allow, grows and shrinks the
