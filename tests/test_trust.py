@@ -46,6 +46,17 @@ async def handle(ctx, data):
 """
 
 
+NODE_NEIGHBOURS = """
+export async function handle(ctx, data) {
+  if (data.toString() === 'exit') {
+    await new Promise((r) => setTimeout(r, 50));
+    process.exit(3);
+  }
+  await new Promise((r) => setTimeout(r, 300));
+  return data;
+}
+"""
+
 REC = """
 import staccato
 
@@ -89,8 +100,10 @@ def srv(tmp_path_factory):
     (fn / "echo.py").write_text((FUNCS / "py" / "echo.py").read_text())
     (fn / "neighbours.py").write_text(NEIGHBOURS)
     (fn / "rec.py").write_text(REC)
+    (fn / "neighbours.mjs").write_text(NODE_NEIGHBOURS)
     (fn / "staccato.yml").write_text("functions:\n  echo:\n    runtime: python\n    handler: echo:handle\n"
                                      "  neighbours:\n    runtime: python\n    handler: neighbours:handle\n"
+                                     "  neighbours-node:\n    runtime: node\n    handler: neighbours.mjs:handle\n"
                                      "  rec:\n    runtime: python\n    handler: rec:handle\n    max_workers: 8\n"
                                      "    timeout: 20s\n"
                                      "  rec-wide:\n    runtime: python\n    handler: rec:handle\n    max_workers: 24\n"
@@ -586,3 +599,13 @@ def test_files_a_function_writes_to_its_ipc_dir_count_and_go(srv, tmp_path):
     assert wait_for(lambda: not leftovers() and not list(srv.ipc_dir.glob("litter.*/d")), timeout=10), leftovers()
     assert ok_body(wait_for(lambda: (lambda r: r if r.status == 200 else None)(srv.invoke("litter", b"x")),
                             timeout=10)) == b"ok"
+
+
+def test_process_exit_in_node_fails_only_its_own_call(srv):
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(4) as ex:
+        ok = [ex.submit(srv.invoke, "neighbours-node", b"ok%d" % i) for i in range(3)]
+        time.sleep(0.05)
+        bad = ex.submit(srv.invoke, "neighbours-node", b"exit")
+        assert [ok_body(f.result()) for f in ok] == [b"ok0", b"ok1", b"ok2"]
+        check_error(bad.result(), 500, "function_error", in_message="process.exit(3)")

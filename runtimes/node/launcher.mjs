@@ -55,13 +55,16 @@ async function loadHandler(spec, cwd = process.cwd()) {
   return handler;
 }
 
+// The runtime's own way out; handlers get one that fails only their call.
+const exitProcess = process.exit.bind(process);
+
 function fail(fn, message) {
   try {
     writeSync(2, `staccato launcher (${fn || '?'}): ${message}\n`);
   } catch {
     // no stderr: the exit status still tells
   }
-  process.exit(1);
+  exitProcess(1);
 }
 
 async function main() {
@@ -104,6 +107,12 @@ async function main() {
     logRuntime('ERROR', `${fn}: uncaught exception: ${err?.stack ?? inspect(err)}`);
   });
 
+  // One process runs every call of the function: process.exit() in one
+  // handler fails that call (it throws) instead of ending the others.
+  process.exit = (code) => {
+    throw new Error(`process.exit(${code ?? ''}) called by the handler: this call failed, the function's other calls go on`);
+  };
+
   const runtime = new Runtime({
     function: fn,
     ipcDir,
@@ -111,7 +120,7 @@ async function main() {
     payloadMax,
     onStop: (reason) => {
       logRuntime('INFO', `${fn}: launcher exiting (${reason})`);
-      process.exit(0);
+      exitProcess(0);
     },
   });
   runtime.start(fds[0], fds[1]);
