@@ -10,7 +10,6 @@ import json
 import os
 import re
 import socket
-import struct
 import subprocess
 import tarfile
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import (BIN, FUNCS, REPO, check_error, clean_env, free_port, ok_body, own_server, request,
+from harness import (BIN, FUNCS, check_error, clean_env, free_port, ok_body, own_server, request,
                      wait_for)
 
 
@@ -123,28 +122,7 @@ def engine_port(s):
     return int(m[1])
 
 
-def frame(kind, body=b"", a=0, c=0):
-    return struct.pack("<IHHQIIII", len(body), kind, 0, 0, a, 0, c, 0) + body
-
-
-def read_frame(sock):
-    head = b""
-    while len(head) < 32:
-        chunk = sock.recv(32 - len(head))
-        if not chunk:
-            return None, b""
-        head += chunk
-    n, kind = struct.unpack_from("<IH", head)
-    body = b""
-    while len(body) < n:
-        chunk = sock.recv(n - len(body))
-        if not chunk:
-            break
-        body += chunk
-    return kind, body
-
-
-HELLO, ERROR, CONTROL, CHALLENGE, AUTH = 1, 4, 5, 7, 8
+ERROR = 4  # frame kind (docs/protocol.md §2)
 
 ATTACK = r"""
 import json, os, socket, struct, sys
@@ -155,15 +133,18 @@ out = {"uid": os.getuid()}
 # 1. What a protocol-1 gateway sent: hello (control role), then a register.
 s = socket.create_connection(("127.0.0.1", port), timeout=5)
 s.sendall(frame(1, b"\x01") + frame(5, json.dumps({"op": "register", "spec": {"name": "pwned"}}).encode()))
-data = b""
-try:
-    while True:
-        c = s.recv(65536)
-        if not c:
-            break
-        data += c
-except OSError as e:
-    out["error1"] = str(e)
+def read_all(s, key):
+    data = b""
+    try:
+        while True:
+            c = s.recv(65536)
+            if not c:
+                break
+            data += c
+    except OSError as e:
+        out[key] = str(e)
+    return data
+data = read_all(s, "error1")
 out["reply1"] = data[32:].decode(errors="replace")
 out["kind1"] = struct.unpack_from("<H", data, 4)[0] if len(data) >= 32 else None
 # 2. A well-formed protocol-2 hello answered with a made-up proof.
@@ -173,15 +154,7 @@ head = s.recv(32)
 n = struct.unpack_from("<I", head)[0]
 s.recv(n)
 s.sendall(frame(8, os.urandom(32)) + frame(5, b'{"op": "status"}'))
-data = b""
-try:
-    while True:
-        c = s.recv(65536)
-        if not c:
-            break
-        data += c
-except OSError as e:
-    out["error2"] = str(e)
+data = read_all(s, "error2")
 out["reply2"] = data[32:].decode(errors="replace")
 print(json.dumps(out))
 """

@@ -15,6 +15,7 @@
 use sha2::{Digest, Sha256};
 use std::fs;
 use std::io::{self, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Bounds on one function's source.
@@ -84,7 +85,9 @@ const SKIPPED_DIRS: [&str; 4] = ["__pycache__", "node_modules", ".git", ".deps"]
 pub fn pack(dir: &Path, limits: &Limits) -> Result<Vec<u8>, ArchiveError> {
     let mut files = Vec::new();
     let mut unpacked = 0u64;
-    walk(dir, Path::new(""), 0, limits, &mut files, &mut unpacked)?;
+    let root = fs::metadata(dir).map_err(|e| io_err(dir, e))?;
+    let mut ancestors = vec![(root.dev(), root.ino())];
+    walk(dir, Path::new(""), limits, &mut ancestors, &mut files, &mut unpacked)?;
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut tar = tar::Builder::new(gz);
     tar.mode(tar::HeaderMode::Deterministic);
@@ -116,15 +119,17 @@ pub fn pack(dir: &Path, limits: &Limits) -> Result<Vec<u8>, ArchiveError> {
     Ok(bytes)
 }
 
+/// `ancestors`: (device, inode) of every directory on the way down, so a
+/// link back up (a loop) is seen rather than followed until ELOOP.
 fn walk(
     root: &Path,
     rel: &Path,
-    depth: usize,
     limits: &Limits,
+    ancestors: &mut Vec<(u64, u64)>,
     out: &mut Vec<(PathBuf, PathBuf, bool)>,
     unpacked: &mut u64,
 ) -> Result<(), ArchiveError> {
-    if depth > limits.depth_max {
+    if ancestors.len() > limits.depth_max + 1 {
         return Err(ArchiveError::TooDeep(limits.depth_max));
     }
     let dir = root.join(rel);
@@ -140,14 +145,18 @@ fn walk(
         let Ok(meta) = fs::metadata(&abs) else { continue };
         let r = rel.join(&name);
         if meta.is_dir() {
-            if SKIPPED_DIRS.iter().any(|s| name == *s) {
+            let id = (meta.dev(), meta.ino());
+            // A link to a directory above: a loop, and nothing new below it.
+            if SKIPPED_DIRS.iter().any(|s| name == *s) || ancestors.contains(&id) {
                 continue;
             }
             out.push((r.clone(), abs, true));
             if out.len() > limits.entries_max {
                 return Err(ArchiveError::TooManyEntries(limits.entries_max));
             }
-            walk(root, &r, depth + 1, limits, out, unpacked)?;
+            ancestors.push(id);
+            walk(root, &r, limits, ancestors, out, unpacked)?;
+            ancestors.pop();
         } else if meta.is_file() {
             *unpacked += meta.len();
             if *unpacked > limits.unpacked_bytes_max {
@@ -416,6 +425,10 @@ mod tests {
         }
         let few = Limits { entries_max: 10, ..Limits::DEFAULT };
         assert!(matches!(pack(&src, &few), Err(ArchiveError::TooManyEntries(10))));
+        // A link back up is a loop: skipped, not followed.
+        std::os::unix::fs::symlink(".", src.join("self")).unwrap();
+        let wide = Limits { entries_max: 100, ..Limits::DEFAULT };
+        assert!(pack(&src, &wide).is_ok());
         let tiny = Limits { unpacked_bytes_max: 5, ..Limits::DEFAULT };
         assert!(matches!(pack(&src, &tiny), Err(ArchiveError::TooLarge { .. })));
         let _ = fs::remove_dir_all(src);

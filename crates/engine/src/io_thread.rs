@@ -258,9 +258,13 @@ impl IoThread {
             // back off as for one that never started, instead of forking
             // a new one at once, again and again.
             let mid_call = core.launcher.crashed_mid_call || core.sched.running() > 0;
-            let crashed_young =
-                !mid_call && core.launcher.ready_at.is_some_and(|t| t.elapsed() < crate::shared::LAUNCH_RETRY);
-            core.launcher.quick_crashes = if crashed_young { core.launcher.quick_crashes + 1 } else { 0 };
+            let young = core.launcher.ready_at.is_some_and(|t| t.elapsed() < crate::shared::LAUNCH_RETRY);
+            // A death in the middle of a call is the call's crash (it is told
+            // so): it neither counts toward a crash loop nor ends one, since a
+            // call may be handed to a launcher that is already on its way out.
+            if !mid_call {
+                core.launcher.quick_crashes = if young { core.launcher.quick_crashes + 1 } else { 0 };
+            }
             if never_ready {
                 core.launcher.failed_at = Some(std::time::Instant::now());
                 core.launcher.last_error = crate::supervisor::log_tail(&func.log_path);
