@@ -6,6 +6,7 @@
 //! Runs on the supervisor thread: compilers and package managers may take
 //! seconds and must never run on an I/O thread.
 
+use crate::build::Builds;
 use crate::config::{
     ContainerConfig, EngineConfig, CONTAINER_CODE, CONTAINER_DEPS, CONTAINER_PYTHON, CONTAINER_RUNTIMES,
 };
@@ -21,7 +22,12 @@ const GO_WORKER: &str = ".staccato-worker";
 
 /// Builds and installs what the runtime needs. Errors are written for the
 /// person deploying: which file, which tool, and the tool's own output.
-pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) -> Result<Deps, String> {
+pub(crate) fn prepare(
+    cfg: &EngineConfig,
+    builds: &Builds,
+    spec: &FunctionSpec,
+    code_dir: &Path,
+) -> Result<Deps, String> {
     let mut deps = Deps::default();
     let handler = spec.handler_or_default();
     let need_file = |file: &str| {
@@ -38,9 +44,10 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
                 return Err(format!("handler module {module}.py not found in the function's source"));
             }
             if code_dir.join("requirements.txt").is_file() {
-                let cache = open_cache(cfg)?;
-                let r =
-                    cache.python(Path::new(&cfg.python), &code_dir.join("requirements.txt"), &mut progress(spec))?;
+                let cache = open_cache(cfg)?.with_runner(builds.runner()?);
+                // In a container the real interpreter, not a shim on PATH.
+                let python = cfg.containers.as_ref().map_or(Path::new(&cfg.python), |cc| cc.python_exe.as_path());
+                let r = cache.python(python, &code_dir.join("requirements.txt"), &mut progress(spec))?;
                 deps.python = r.dirs;
                 deps.entries = r.entries;
                 deps.summary = summary(r.installed, r.cached);
@@ -50,7 +57,7 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
         Runtime::Node => {
             need_file(handler.split(':').next().unwrap_or("handler.mjs"))?;
             if code_dir.join("package.json").is_file() {
-                let cache = open_cache(cfg)?;
+                let cache = open_cache(cfg)?.with_runner(builds.runner()?);
                 let r = cache.node(code_dir, &mut progress(spec))?;
                 let modules = r.dirs.first().cloned().ok_or("the package cache returned no node_modules")?;
                 // Node resolves packages by walking up from the handler: a
@@ -68,12 +75,30 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
             if !script.is_file() {
                 return Err(format!("Go runtime not found at {}", script.display()));
             }
+            let out = BuildDir::new(code_dir)?;
+            let mut reads = vec![code_dir.to_path_buf(), cfg.runtimes_dir.join("go")];
             let mut cmd = Command::new("bash");
-            cmd.arg(&script).arg(code_dir).arg(&handler).arg(code_dir.join(GO_WORKER));
-            run(&mut cmd, "building the Go function").map(|()| deps)
+            if builds.sandboxed() {
+                // A private copy of the trusted seed cache: warm, and
+                // nothing a build writes reaches the next one.
+                let seed = builds.go_seed(cfg)?;
+                cmd.args(["-c", r#"mkdir -p "$GOCACHE" && cp -R "$STACCATO_GO_SEED"/. "$GOCACHE"/ && exec bash "$@""#])
+                    .arg("go-build")
+                    .env("STACCATO_GO_SEED", &seed)
+                    .env("GOCACHE", format!("{}/gocache", sandbox::BUILD_TMP))
+                    .env("GOPATH", format!("{}/go", sandbox::BUILD_TMP))
+                    .env("GOTOOLCHAIN", "local");
+                reads.push(seed);
+            }
+            cmd.arg(&script).arg(code_dir).arg(&handler).arg(out.path().join(GO_WORKER)).current_dir(out.path());
+            run(builds, &mut cmd, &reads, out.path(), "building the Go function")?;
+            out.take(GO_WORKER, code_dir)?;
+            Ok(deps)
         }
         Runtime::C | Runtime::Cpp => {
             need_file(&handler)?;
+            let out = BuildDir::new(code_dir)?;
+            let mut reads = vec![code_dir.to_path_buf(), cfg.runtimes_dir.join("c/include")];
             let mut cmd = if spec.runtime == Runtime::C {
                 let mut c = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
                 c.args(["-O2", "-fPIC", "-shared", "-Wall"]);
@@ -82,11 +107,52 @@ pub(crate) fn prepare(cfg: &EngineConfig, spec: &FunctionSpec, code_dir: &Path) 
                 let mut c = Command::new(std::env::var("CXX").unwrap_or_else(|_| "g++".into()));
                 c.args(["-std=c++20", "-O2", "-fPIC", "-shared", "-Wall", "-I"])
                     .arg(cfg.runtimes_dir.join("cpp/include"));
+                reads.push(cfg.runtimes_dir.join("cpp/include"));
                 c
             };
-            cmd.arg("-I").arg(cfg.runtimes_dir.join("c/include")).arg(&handler).arg("-o").arg(NATIVE_LIBRARY);
-            run(cmd.current_dir(code_dir), &format!("compiling {handler}")).map(|()| deps)
+            cmd.arg("-I")
+                .arg(cfg.runtimes_dir.join("c/include"))
+                .arg(&handler)
+                .arg("-o")
+                .arg(out.path().join(NATIVE_LIBRARY))
+                .current_dir(code_dir);
+            run(builds, &mut cmd, &reads, out.path(), &format!("compiling {handler}"))?;
+            out.take(NATIVE_LIBRARY, code_dir)?;
+            Ok(deps)
         }
+    }
+}
+
+/// Where a build step writes: beside the code directory (never inside it:
+/// the code is mounted read-only in the sandbox), removed when done.
+struct BuildDir(PathBuf);
+
+impl BuildDir {
+    fn new(code_dir: &Path) -> Result<BuildDir, String> {
+        let dir = code_dir.with_extension("build");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        Ok(BuildDir(dir))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Moves the one file the step was to make into the code directory.
+    fn take(&self, name: &str, code_dir: &Path) -> Result<(), String> {
+        let made = self.0.join(name);
+        match std::fs::symlink_metadata(&made) {
+            Ok(m) if m.is_file() => {}
+            _ => return Err(format!("the build made no {name}")),
+        }
+        std::fs::rename(&made, code_dir.join(name)).map_err(|e| format!("moving {name} into place: {e}"))
+    }
+}
+
+impl Drop for BuildDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -116,8 +182,12 @@ fn summary(installed: usize, cached: usize) -> String {
     format!("dependencies: {installed} installed, {cached} from the cache")
 }
 
-fn run(cmd: &mut Command, what: &str) -> Result<(), String> {
-    let out: Output = cmd.output().map_err(|e| format!("{what}: running {:?}: {e}", cmd.get_program()))?;
+fn run(builds: &Builds, cmd: &mut Command, reads: &[PathBuf], output: &Path, what: &str) -> Result<(), String> {
+    let out: Output = match builds.runner()?.output(cmd, reads, Some(output)) {
+        Ok(out) => out,
+        Err(pkgcache::RunError::Spawn(e)) => return Err(format!("{what}: running {:?}: {e}", cmd.get_program())),
+        Err(pkgcache::RunError::Stopped(why)) => return Err(format!("{what}: {why}")),
+    };
     if out.status.success() {
         return Ok(());
     }

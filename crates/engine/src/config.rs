@@ -49,6 +49,9 @@ pub struct EngineConfig {
     /// The longest chain of nested internal calls (`call_depth_exceeded`
     /// beyond it): runaway recursion fails at once instead of at its timeout.
     pub max_call_depth: u32,
+    /// Where sandboxed Go builds' seed caches are kept (see build::go_seed):
+    /// shared by every engine of the machine, written by root only.
+    pub build_seed_dir: PathBuf,
 }
 
 /// Container isolation (Nuka §III): the pool's settings and the reuse rule.
@@ -67,6 +70,8 @@ pub struct ContainerConfig {
     pub pause_max: std::time::Duration,
     /// A container paused this long is destroyed and its memory returned.
     pub keep_alive: std::time::Duration,
+    /// The build sandbox: limits, allowed hosts, passed environment.
+    pub build: sandbox::BuildConfig,
 }
 
 /// Where things are inside a function container.
@@ -96,6 +101,11 @@ impl EngineConfig {
             cache_budget_bytes: pkgcache::DEFAULT_BUDGET_BYTES,
             secret: api::auth::Secret::random().expect("the kernel's random numbers"),
             max_call_depth: 32,
+            build_seed_dir: if ipc::euid() == 0 {
+                PathBuf::from("/var/cache/staccato/go-seed")
+            } else {
+                state_dir.join("go-seed")
+            },
         }
     }
 

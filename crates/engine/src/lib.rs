@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod build;
 mod clock;
 mod code;
 pub mod concurrency;
@@ -70,6 +71,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         Some(cc) => Some(sandbox::Pool::new(cc.sandbox.clone()).map_err(io::Error::other)?),
         None => None,
     };
+    let builds = build::Builds::new(&cfg);
     let (sup_tx, sup_rx) = mpsc::channel();
     let shared = Arc::new(Shared {
         cpus,
@@ -83,7 +85,9 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         next_owner: AtomicUsize::new(0),
         pool: pool.clone(),
         memory_total_bytes: memory_total_bytes(),
+        builds,
     });
+    shared.builds.prepare_go(&shared.cfg);
     for (i, poll) in polls.into_iter().enumerate() {
         let t = io_thread::IoThread::new(i, shared.clone(), poll);
         std::thread::Builder::new().name(format!("engine-io-{i}")).spawn(move || t.run())?;

@@ -214,6 +214,8 @@ pub(crate) struct Shared {
     pub pool: Option<sandbox::Pool>,
     /// This host's RAM: no function may ask for more.
     pub memory_total_bytes: u64,
+    /// Where deploy-time builds run.
+    pub builds: Arc<crate::build::Builds>,
 }
 
 /// Locks a mutex, carrying on if a thread panicked while holding it: every

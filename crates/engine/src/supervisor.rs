@@ -96,7 +96,7 @@ impl Supervisor {
             let _ = fs::remove_dir_all(&code_dir);
             format!("unpacking the source: {e}")
         })?;
-        let deps = crate::code::prepare(cfg, &spec, &code_dir).inspect_err(|_| {
+        let deps = crate::code::prepare(cfg, &self.shared.builds, &spec, &code_dir).inspect_err(|_| {
             let _ = fs::remove_dir_all(&code_dir);
         })?;
         if !deps.entries.is_empty() {

@@ -495,6 +495,16 @@ pub mod mount {
         dst: CString,
     }
 
+    impl Detached {
+        /// The mount's root as a path this process can reach while the
+        /// mount stays detached: `/proc/self/fd/<fd>`. Lets the engine fill
+        /// a scratch tmpfs and read it back without ever attaching it on
+        /// the host (nothing is left behind if the engine dies).
+        pub fn path(&self) -> PathBuf {
+            PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+        }
+    }
+
     /// A detached recursive bind of `src` to be attached at `dst`, already
     /// nosuid+nodev, and read-only or noexec.
     pub fn bind(src: &Path, dst: &Path, read_only: bool) -> io::Result<Detached> {

@@ -80,6 +80,44 @@ mod tool;
 
 pub use size::{format_size, parse_size};
 
+/// Where pip and npm run. They execute code the deployer controls (build
+/// backends, install scripts), so an engine with containers runs them in
+/// its build sandbox; [`HostRunner`] runs them as plain child processes
+/// (process isolation, and this crate's own tests).
+pub trait Runner: Send + Sync {
+    /// Runs `cmd` to its end and returns its output. `reads` are host
+    /// paths it needs besides the toolchain (the requirements file's
+    /// directory); `output` is the one directory it writes.
+    fn output(
+        &self,
+        cmd: &mut std::process::Command,
+        reads: &[PathBuf],
+        output: Option<&Path>,
+    ) -> Result<std::process::Output, RunError>;
+}
+
+#[derive(Debug)]
+pub enum RunError {
+    /// It could not be started.
+    Spawn(io::Error),
+    /// A limit stopped it: why, then its last output lines.
+    Stopped(String),
+}
+
+/// Runs commands on the host, as the engine's user.
+pub struct HostRunner;
+
+impl Runner for HostRunner {
+    fn output(
+        &self,
+        cmd: &mut std::process::Command,
+        _reads: &[PathBuf],
+        _output: Option<&Path>,
+    ) -> Result<std::process::Output, RunError> {
+        cmd.output().map_err(RunError::Spawn)
+    }
+}
+
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -155,13 +193,25 @@ pub struct Cache {
     layout: Layout,
     budget_bytes: u64,
     grace: Duration,
+    runner: std::sync::Arc<dyn Runner>,
 }
 
 impl Cache {
     /// Opens (creating if needed) the cache at `root`, and deletes what
     /// crashed deploys left behind.
     pub fn open(root: &Path, budget_bytes: u64) -> io::Result<Cache> {
-        Ok(Cache { layout: Layout::create(root)?, budget_bytes, grace: DEFAULT_GRACE })
+        Ok(Cache {
+            layout: Layout::create(root)?,
+            budget_bytes,
+            grace: DEFAULT_GRACE,
+            runner: std::sync::Arc::new(HostRunner),
+        })
+    }
+
+    /// Runs pip and npm through `runner` instead of on the host.
+    pub fn with_runner(mut self, runner: std::sync::Arc<dyn Runner>) -> Cache {
+        self.runner = runner;
+        self
     }
 
     /// Changes how long recently used entries are safe from eviction.
@@ -203,7 +253,11 @@ impl Cache {
                 return Ok(resolved);
             }
         }
-        let dists = python::resolve(python, &requirements, &self.layout.tmp_path("pip-report"))?;
+        let report =
+            Staging::new(&self.layout, "pip-report").map_err(|e| format!("cache {}: {e}", self.root().display()))?;
+        let dists = python::resolve(&*self.runner, python, &requirements, report.path())?;
+        drop(report);
+        let reads: Vec<PathBuf> = requirements.parent().map(Path::to_path_buf).into_iter().collect();
         let ids: Vec<String> = dists.iter().map(|d| d.id(&interp)).collect();
 
         let mut missing = Vec::new();
@@ -214,7 +268,7 @@ impl Cache {
                 missing.push(i);
             }
         }
-        let installed = self.install_python(python, &dists, &ids, &missing, progress)?;
+        let installed = self.install_python(python, &reads, &dists, &ids, &missing, progress)?;
         self.touch_all(&ids)?;
         if pins.is_some_and(|p| python::resolution_is_pinned(&p, &dists)) {
             let memo = ResolutionMemo { entries: ids.clone(), labels: dists.iter().map(|d| d.label()).collect() };
@@ -273,7 +327,7 @@ impl Cache {
             progress(&format!("installing {label} (npm)"));
             let staging =
                 Staging::new(&self.layout, "node").map_err(|e| format!("cache {}: {e}", self.root().display()))?;
-            node::install(&deps, staging.path(), package_dir)?;
+            node::install(&*self.runner, &deps, staging.path(), package_dir)?;
             let meta = deps.meta(staging.path());
             match staging.publish(&self.layout, &id, meta, node::PAYLOAD) {
                 Ok(Published::New) => 1,
@@ -440,6 +494,7 @@ impl Cache {
     fn install_python(
         &self,
         python: &Path,
+        reads: &[PathBuf],
         dists: &[python::Dist],
         ids: &[String],
         missing: &[usize],
@@ -466,7 +521,7 @@ impl Cache {
                     let i = missing[k];
                     let _ = tx.send(Event::Started(i));
                     let t = Instant::now();
-                    let result = self.install_one(python, &dists[i], &ids[i]);
+                    let result = self.install_one(python, reads, &dists[i], &ids[i]);
                     if result.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -497,14 +552,20 @@ impl Cache {
         }
     }
 
-    fn install_one(&self, python: &Path, dist: &python::Dist, id: &str) -> Result<Published, String> {
+    fn install_one(
+        &self,
+        python: &Path,
+        reads: &[PathBuf],
+        dist: &python::Dist,
+        id: &str,
+    ) -> Result<Published, String> {
         // A concurrent deploy may have published it since we looked.
         if self.layout.exists(id) {
             return Ok(Published::AlreadyThere);
         }
         let staging =
             Staging::new(&self.layout, "python").map_err(|e| format!("cache {}: {e}", self.root().display()))?;
-        python::install(python, dist, staging.path())?;
+        python::install(&*self.runner, python, reads, dist, staging.path())?;
         staging
             .publish(&self.layout, id, dist.meta(), python::PAYLOAD)
             .map_err(|e| format!("publishing {} in the cache: {e}", dist.label()))

@@ -193,13 +193,18 @@ pub(crate) fn probe_node() -> Result<String, String> {
         ToolError::Spawn(e) => {
             format!("cannot run node ({e}): install Node.js to deploy functions with a package.json")
         }
-        ToolError::Failed(lines) => format!("node failed to start:\n{}", indent(&lines)),
+        ToolError::Failed(lines) | ToolError::Stopped(lines) => format!("node failed to start:\n{}", indent(&lines)),
     })?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// Runs npm in the staging directory, from a copy of the manifest and lock.
-pub(crate) fn install(deps: &NodeDeps, staging: &Path, package_dir: &Path) -> Result<(), String> {
+pub(crate) fn install(
+    runner: &dyn crate::Runner,
+    deps: &NodeDeps,
+    staging: &Path,
+    package_dir: &Path,
+) -> Result<(), String> {
     let write = |name: &str, bytes: &[u8]| {
         fs::write(staging.join(name), bytes).map_err(|e| format!("writing {name} for npm: {e}"))
     };
@@ -215,7 +220,7 @@ pub(crate) fn install(deps: &NodeDeps, staging: &Path, package_dir: &Path) -> Re
     cmd.args(["install", "--omit=dev", "--no-audit", "--no-fund", "--loglevel=error"])
         .env("npm_config_update_notifier", "false")
         .current_dir(staging);
-    let result = tool::run(&mut cmd);
+    let result = tool::run_in(runner, &mut cmd, &[], Some(staging));
     // A project .npmrc may hold registry tokens: never keep it in the cache.
     let _ = fs::remove_file(staging.join(".npmrc"));
     result.map(drop).map_err(|e| match e {
@@ -223,6 +228,7 @@ pub(crate) fn install(deps: &NodeDeps, staging: &Path, package_dir: &Path) -> Re
             format!("cannot run npm ({e}): install npm (it comes with Node.js) to deploy functions with a package.json")
         }
         ToolError::Failed(lines) => install_error(&package_dir.join("package.json").display().to_string(), &lines),
+        ToolError::Stopped(why) => format!("installing the dependencies of {}: {why}", package_dir.display()),
     })
 }
 

@@ -9,12 +9,27 @@
 use crate::sha256::KeyHasher;
 use crate::store::{path_safe, unix_now_s, EntryMeta};
 use crate::tool::{self, indent, ToolError};
-use crate::Kind;
+use crate::{Kind, Runner};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// pip's report of a resolution: a few KiB per distribution.
+const REPORT_LEN_MAX: u64 = 32 << 20;
+
+fn read_bounded(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
+    let mut out = Vec::new();
+    f.take(max + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(std::io::Error::other(format!("longer than {} MiB", max >> 20)));
+    }
+    Ok(out)
+}
 
 /// The payload directory of a Python entry: what goes on sys.path.
 pub(crate) const PAYLOAD: &str = "site";
@@ -96,7 +111,7 @@ impl Dist {
 pub(crate) fn probe(python: &Path) -> Result<Interpreter, String> {
     let out = tool::run(Command::new(python).args(["-c", PROBE])).map_err(|e| match e {
         ToolError::Spawn(e) => format!("cannot run the Python interpreter {}: {e}", python.display()),
-        ToolError::Failed(lines) => {
+        ToolError::Failed(lines) | ToolError::Stopped(lines) => {
             format!("the Python interpreter {} failed to start:\n{}", python.display(), indent(&lines))
         }
     })?;
@@ -194,24 +209,32 @@ struct VcsInfo {
 
 /// Runs pip's resolver over the requirements file without installing.
 /// `report` is a scratch path for pip's JSON report.
-pub(crate) fn resolve(python: &Path, requirements: &Path, report: &Path) -> Result<Vec<Dist>, String> {
+pub(crate) fn resolve(
+    runner: &dyn Runner,
+    python: &Path,
+    requirements: &Path,
+    report_dir: &Path,
+) -> Result<Vec<Dist>, String> {
     let file = requirements.display();
+    let report = report_dir.join("report.json");
     let mut cmd = pip(python);
     cmd.args(["install", "--dry-run", "--ignore-installed", "--quiet", "--report"])
-        .arg(report)
+        .arg(&report)
         .arg("-r")
         .arg(requirements);
     // Relative paths in a requirements file are relative to where pip runs.
+    let reads: Vec<PathBuf> = requirements.parent().map(Path::to_path_buf).into_iter().collect();
     if let Some(dir) = requirements.parent() {
         cmd.current_dir(dir);
     }
-    let result = tool::run(&mut cmd);
-    let text = fs::read(report);
-    let _ = fs::remove_file(report);
+    let result = tool::run_in(runner, &mut cmd, &reads, Some(report_dir));
+    // Written by pip next to the deployer's build backends: read as hostile.
+    let text = read_bounded(&report, REPORT_LEN_MAX);
     match result {
         Ok(_) => {}
         Err(ToolError::Spawn(e)) => return Err(format!("cannot run {}: {e}", python.display())),
         Err(ToolError::Failed(lines)) => return Err(resolve_error(&file.to_string(), &lines)),
+        Err(ToolError::Stopped(why)) => return Err(format!("resolving {file}: {why}")),
     }
     let text = text.map_err(|e| format!("pip wrote no report for {file}: {e}"))?;
     parse_report(&text).map_err(|e| format!("cannot read pip's report for {file}: {e}"))
@@ -246,10 +269,12 @@ fn dist(item: ReportItem) -> Result<Dist, String> {
         let url = format!("{}+{}@{}{subdirectory}", vcs.vcs, info.url, vcs.commit_id);
         (format!("vcs {url}"), url)
     } else if let Some(archive) = &info.archive_info {
+        // The report is written where the deployer's build backends run,
+        // so it may lie: whatever URL it names, pip checks the `#sha256=`
+        // fragment we put on it, so what is installed is what we keyed.
+        let bare = info.url.split('#').next().unwrap_or_default();
         match archive_hash(archive) {
-            // Pip checks a `#sha256=` fragment, so what we install is what we keyed.
-            Some(hash) if !info.url.contains('#') => (format!("archive {hash}"), format!("{}#{hash}", info.url)),
-            Some(hash) => (format!("archive {hash}"), info.url.clone()),
+            Some(hash) => (format!("archive {hash}"), format!("{bare}#{hash}")),
             None => (format!("url {}", info.url), info.url.clone()),
         }
     } else if info.dir_info.is_some() {
@@ -264,16 +289,20 @@ fn dist(item: ReportItem) -> Result<Dist, String> {
     Ok(Dist { install_spec: format!("{name} @ {url}"), identity, source: info.url, name, version })
 }
 
+/// A hash strong enough to name content by: SHA-2, as hex.
 fn archive_hash(archive: &ArchiveInfo) -> Option<String> {
+    let strong = |algo: &str, h: &str| {
+        matches!(algo, "sha256" | "sha384" | "sha512") && !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit())
+    };
     if let Some(hashes) = &archive.hashes {
-        if let Some(h) = hashes.get("sha256") {
-            return Some(format!("sha256={h}"));
-        }
-        if let Some((algo, h)) = hashes.iter().next() {
-            return Some(format!("{algo}={h}"));
+        for algo in ["sha256", "sha384", "sha512"] {
+            if let Some(h) = hashes.get(algo).filter(|h| strong(algo, h)) {
+                return Some(format!("{algo}={h}"));
+            }
         }
     }
-    archive.hash.clone()
+    let (algo, h) = archive.hash.as_deref()?.split_once('=')?;
+    strong(algo, h).then(|| format!("{algo}={h}"))
 }
 
 /// Installs one distribution, without its dependencies (they are entries of
@@ -282,15 +311,22 @@ fn archive_hash(archive: &ArchiveInfo) -> Option<String> {
 /// `.pyc` files are compiled now (pip's default): entries are mounted
 /// read-only, so Python could not cache bytecode later and would recompile
 /// every module at every cold start.
-pub(crate) fn install(python: &Path, d: &Dist, staging: &Path) -> Result<(), String> {
+pub(crate) fn install(
+    runner: &dyn Runner,
+    python: &Path,
+    reads: &[PathBuf],
+    d: &Dist,
+    staging: &Path,
+) -> Result<(), String> {
     let mut cmd = pip(python);
     cmd.args(["install", "--no-deps", "--quiet", "--no-warn-script-location", "--target"])
         .arg(staging.join(PAYLOAD))
         .arg(&d.install_spec)
         .current_dir(staging);
-    tool::run(&mut cmd).map(drop).map_err(|e| match e {
+    tool::run_in(runner, &mut cmd, reads, Some(staging)).map(drop).map_err(|e| match e {
         ToolError::Spawn(e) => format!("cannot run {}: {e}", python.display()),
         ToolError::Failed(lines) => format!("installing {} failed; pip says:\n{}", d.label(), indent(&lines)),
+        ToolError::Stopped(why) => format!("installing {}: {why}", d.label()),
     })
 }
 
@@ -416,6 +452,26 @@ mod tests {
         assert_eq!(mirrored[0].id(&interp), id);
         let other = Interpreter { cache_tag: "cpython-312".into(), ..interp };
         assert_ne!(dists[0].id(&other), id);
+    }
+
+    #[test]
+    fn a_lying_report_cannot_unpin_or_weaken_the_hash() {
+        // A build backend can rewrite pip's report: a URL that carries its
+        // own fragment still gets our hash, and a weak or malformed hash
+        // names nothing (the entry is keyed by URL instead).
+        let report = br#"{"install": [
+          {"metadata": {"name": "six", "version": "1.16.0"},
+           "download_info": {"url": "https://evil.example/x.whl#sha256=0000",
+             "archive_info": {"hashes": {"sha256": "8abb"}}}},
+          {"metadata": {"name": "a", "version": "1"},
+           "download_info": {"url": "https://evil.example/a.whl", "archive_info": {"hash": "md5=8abb"}}},
+          {"metadata": {"name": "b", "version": "1"},
+           "download_info": {"url": "https://evil.example/b.whl", "archive_info": {"hashes": {"sha256": "zz#x"}}}}
+        ]}"#;
+        let dists = parse_report(report).unwrap();
+        assert_eq!(dists[0].install_spec, "six @ https://evil.example/x.whl#sha256=8abb");
+        assert_eq!(dists[1].identity, "url https://evil.example/a.whl");
+        assert_eq!(dists[2].identity, "url https://evil.example/b.whl");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Sizes as people type and read them: `500M`, `2G`, `1.5 GiB`. Units are
 //! binary (M = MiB) because that is how `du -h` and `ls -h` print them.
 
-/// Parses `123`, `500K`, `500M`, `2G`, `1.5T`, with an optional `B`/`iB`
-/// suffix (`500MB`, `500MiB`), case-insensitive.
+/// Parses `123`, `500K`, `500M`, `2G`, `1.5T`, with an optional `B`/`iB`/`i`
+/// suffix (`500MB`, `500MiB`, `2Gi` as in manifests), case-insensitive.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let lower = t.to_ascii_lowercase();
@@ -10,10 +10,10 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let (number, unit) = lower.split_at(unit_start);
     let shift = match unit.trim() {
         "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
+        "k" | "kb" | "ki" | "kib" => 10,
+        "m" | "mb" | "mi" | "mib" => 20,
+        "g" | "gb" | "gi" | "gib" => 30,
+        "t" | "tb" | "ti" | "tib" => 40,
         _ => return Err(format!("unknown size unit in {t:?} (use K, M, G or T)")),
     };
     let value: f64 = number.trim().parse().map_err(|_| format!("not a size: {t:?} (e.g. 500M, 2G)"))?;
@@ -53,6 +53,8 @@ mod tests {
         assert_eq!(parse_size("500M"), Ok(500 << 20));
         assert_eq!(parse_size("500mb"), Ok(500 << 20));
         assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("2Gi"), Ok(2 << 30));
+        assert_eq!(parse_size("64mi"), Ok(64 << 20));
         assert_eq!(parse_size("1.5 GiB"), Ok(3 << 29));
         assert_eq!(parse_size("0"), Ok(0));
         assert!(parse_size("12X").is_err());

@@ -28,13 +28,15 @@ pub const INIT: &str = "/staccato/init";
 pub const LOG: &str = "/staccato/log";
 
 /// Lays out `rootfs`: mountpoints only, owned by root, nothing writable
-/// except the tmpfs later mounted on /tmp.
+/// except the tmpfs later mounted on the settings' tmp_dir.
 pub fn make_rootfs(rootfs: &Path, settings: &Settings) -> io::Result<()> {
     for d in ["usr", "proc", "dev", "etc", "tmp", "code", "ipc", "deps", "slot", "staccato"] {
         fs::create_dir_all(rootfs.join(d))?;
     }
+    let tmp = rootfs.join(settings.tmp_dir.strip_prefix("/").unwrap_or(&settings.tmp_dir));
+    fs::create_dir_all(&tmp)?;
     // runc gives a tmpfs the mode of the directory it covers (not mode=).
-    fs::set_permissions(rootfs.join("tmp"), fs::Permissions::from_mode(0o1777))?;
+    fs::set_permissions(tmp, fs::Permissions::from_mode(0o1777))?;
     for (link, target) in [("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")] {
         if Path::new("/").join(target).exists() {
             symlink(target, rootfs.join(link))?;
@@ -66,7 +68,7 @@ pub fn config(settings: &Settings, id: &str, dir: &Path, uid: u32, netns: Option
         json!({ "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
                 "options": ["nosuid", "noexec", "nodev"] }),
         bind(Path::new("/usr"), "/usr", false),
-        json!({ "destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+        json!({ "destination": settings.tmp_dir, "type": "tmpfs", "source": "tmpfs",
                 "options": ["nosuid", "nodev", format!("size={}", settings.tmp_bytes)] }),
         bind(&dir.join("slot"), SLOT, false),
         bind(&settings.init, INIT, false),

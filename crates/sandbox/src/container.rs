@@ -143,7 +143,7 @@ impl Container {
             let mut o = OpenOptions::new();
             o.read(true).write(true);
             if nonblock {
-                o.custom_flags(libc_nonblock());
+                o.custom_flags(libc::O_NONBLOCK);
             }
             o.open(dir.join("slot").join(name)).map_err(|e| format!("opening slot {name}: {e}"))
         };
@@ -481,8 +481,8 @@ impl Container {
         let _ = self.poll_status();
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         let mut unmount = std::mem::take(&mut a.mounts);
-        unmount.push("/tmp".into());
-        let tmp = ipc::mount::tmpfs(Path::new("/tmp"), settings.tmp_bytes).map_err(|e| e.to_string())?;
+        unmount.push(settings.tmp_dir.clone());
+        let tmp = ipc::mount::tmpfs(&settings.tmp_dir, settings.tmp_bytes).map_err(|e| e.to_string())?;
         ipc::mount::apply(self.init_pid, &unmount, &[tmp]).map_err(|e| format!("unmounting: {e}"))?;
         for p in std::mem::take(&mut a.mountpoints).iter().rev() {
             let _ = fs::remove_dir(p).or_else(|_| fs::remove_file(p));
@@ -540,8 +540,4 @@ fn diff(a: &[String], b: &[String]) -> Vec<String> {
     let mut d: Vec<String> = b.iter().filter(|x| !a.contains(x)).map(|x| format!("+{x}")).collect();
     d.extend(a.iter().filter(|x| !b.contains(x)).map(|x| format!("-{x}")));
     d
-}
-
-fn libc_nonblock() -> i32 {
-    0o4000 // O_NONBLOCK on Linux
 }

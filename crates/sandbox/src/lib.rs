@@ -6,10 +6,13 @@
 //!
 //! Nothing here is on a call's path except `Container::thaw`.
 
+mod build;
 mod bundle;
 mod container;
 mod pool;
+pub mod proxy;
 
+pub use build::{BuildConfig, BuildError, Builder, Finished, Job, BUILD_TMP};
 pub use container::Container;
 pub use pool::{Pool, PoolStats};
 use std::path::{Path, PathBuf};
@@ -63,6 +66,9 @@ pub struct Settings {
     pub host_ports: Option<Vec<u16>>,
     /// Users are `uid_base + index`: no two containers share one.
     pub uid_base: u32,
+    /// Where the container's own tmpfs is mounted (`/tmp` for functions;
+    /// builds use another place so host paths under /tmp can be bound).
+    pub tmp_dir: PathBuf,
     pub tmp_bytes: u64,
     /// Limits of an idle pooled container.
     pub neutral: Limits,

@@ -297,7 +297,14 @@ impl Inner {
     /// Containers, cgroups and namespaces named with our prefix that no
     /// live Container owns (a crashed engine's, or ours at exit).
     fn remove_leftovers(&self) {
-        let s = &self.settings;
+        remove_leftovers(&self.settings, self.nets.as_ref());
+    }
+}
+
+/// Removes the containers, cgroups and namespaces named with the settings'
+/// prefix (none of which may be in use).
+pub(crate) fn remove_leftovers(s: &Settings, nets: Option<&netns::Networks>) {
+    {
         let mine = |name: &str| name.strip_prefix(&s.prefix).is_some_and(|r| r.starts_with('-'));
         // Paused containers first: a frozen init never sees its engine go,
         // and runc cannot kill what is frozen.
@@ -334,7 +341,7 @@ impl Inner {
                 }
             }
         }
-        if let Some(n) = &self.nets {
+        if let Some(n) = nets {
             if let Err(e) = n.cleanup() {
                 log::warn!("cleaning up network namespaces: {e}");
             }

@@ -112,6 +112,19 @@ pub struct EngineArgs {
     /// with call_depth_exceeded.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_call_depth: u32,
+    /// Memory of each deploy-time build step (pip, npm, go build, cc) in its
+    /// sandbox, e.g. 2Gi; its /tmp and output count against it.
+    #[arg(long, default_value = "2Gi")]
+    pub build_memory: String,
+    /// Seconds a build step may run before it is killed.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub build_timeout_s: u64,
+    /// A host a build may reach besides the package indexes (pypi.org,
+    /// files.pythonhosted.org, registry.npmjs.org, proxy.golang.org,
+    /// sum.golang.org and those PIP_INDEX_URL, GOPROXY etc. name); repeat
+    /// it, or use `*.example.org`.
+    #[arg(long = "build-allow-host", value_name = "HOST")]
+    pub build_allow_hosts: Vec<String>,
 }
 
 /// The secret of the gateway–engine link (`staccato engine` / `gateway`;
@@ -356,6 +369,18 @@ fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Opt
     };
     let mut cc = containers(e.isolation, &e.runc, &e.python, network, e.pool_size, state, runtimes)?;
     if let Some(cc) = &mut cc {
+        let memory = pkgcache::parse_size(&e.build_memory)
+            .map_err(|err| anyhow::anyhow!("--build-memory {:?}: {err}", e.build_memory))?;
+        if memory < (64 << 20) {
+            bail!("--build-memory {}: at least 64Mi", e.build_memory);
+        }
+        let mut build = engine::build::build_config(&e.build_allow_hosts).map_err(|err| anyhow::anyhow!(err))?;
+        build.reads.push(cc.python_prefix.clone());
+        build.memory_bytes = memory;
+        build.tmp_bytes = memory;
+        build.output_bytes = memory;
+        build.timeout = Duration::from_secs(e.build_timeout_s);
+        cc.build = build;
         cc.sandbox.host_ports = match e.host_ports.trim() {
             "all" => None,
             "" => Some(Vec::new()),
@@ -426,6 +451,7 @@ pub(crate) fn containers(
         network,
         host_ports: None,
         uid_base: 200_000,
+        tmp_dir: "/tmp".into(),
         tmp_bytes: 64 << 20,
         neutral: sandbox::Limits { memory_bytes: 64 << 20, pids: 32, cpu_shares: None },
         pool_size,
@@ -454,6 +480,7 @@ pub(crate) fn containers(
         pause_min: Duration::from_millis(100),
         pause_max: Duration::from_secs(10),
         keep_alive: Duration::from_secs(300),
+        build: engine::build::build_config(&[]).map_err(|e| anyhow::anyhow!(e))?,
     }))
 }
 

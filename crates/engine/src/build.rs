@@ -1,0 +1,327 @@
+//! Where a function's build steps run (pip, npm, `go build`, the C and C++
+//! compilers): in the build sandbox ([`sandbox::Builder`]) when the engine
+//! has containers, as plain child processes otherwise (process isolation
+//! gives functions no isolation either; see README "Security model").
+
+use crate::config::EngineConfig;
+use pkgcache::{HostRunner, RunError, Runner};
+use sandbox::proxy::{url_host, HostRule, DEFAULT_HOSTS};
+use std::ffi::OsStr;
+use std::fs;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output};
+use std::sync::{Arc, Mutex};
+
+/// How many of a stopped build's last output lines an error quotes.
+const QUOTED_LINES_MAX: usize = 30;
+
+pub(crate) struct Builds {
+    kind: Kind,
+    /// The Go seed cache, once made (the lock is held while it is made).
+    go_seed: Mutex<Option<PathBuf>>,
+}
+
+enum Kind {
+    Host,
+    Sandbox(Arc<sandbox::Builder>),
+    /// Containers, but no build sandbox: builds fail with this reason
+    /// rather than run on the host.
+    Unavailable(String),
+}
+
+impl Builds {
+    pub fn new(cfg: &EngineConfig) -> Arc<Builds> {
+        let kind = match &cfg.containers {
+            None => Kind::Host,
+            Some(cc) => match sandbox::Builder::new(&cc.sandbox, cc.build.clone()) {
+                Ok(b) => {
+                    log::info!(
+                        "build sandbox: proxy on {}, allowed hosts {}",
+                        b.proxy_addr(),
+                        cc.build.allow_hosts.iter().map(HostRule::as_str).collect::<Vec<_>>().join(", ")
+                    );
+                    Kind::Sandbox(Arc::new(b))
+                }
+                Err(e) => {
+                    log::warn!("no build sandbox ({e}): deploys that build or install dependencies will fail");
+                    Kind::Unavailable(e)
+                }
+            },
+        };
+        Arc::new(Builds { kind, go_seed: Mutex::new(None) })
+    }
+
+    /// Makes the Go seed in the background, so the first Go deploy finds it.
+    pub fn prepare_go(self: &Arc<Builds>, cfg: &EngineConfig) {
+        if !matches!(self.kind, Kind::Sandbox(_)) || !cfg.runtimes_dir.join("go/build-function.sh").is_file() {
+            return;
+        }
+        let (builds, cfg) = (self.clone(), cfg.clone());
+        let _ = std::thread::Builder::new().name("go-seed".into()).spawn(move || {
+            if let Err(e) = builds.go_seed(&cfg) {
+                log::warn!("{e}");
+            }
+        });
+    }
+
+    pub fn runner(&self) -> Result<Arc<dyn Runner>, String> {
+        match &self.kind {
+            Kind::Host => Ok(Arc::new(HostRunner)),
+            Kind::Sandbox(b) => Ok(Arc::new(SandboxRunner(b.clone()))),
+            Kind::Unavailable(why) => Err(format!("the build sandbox is unavailable on this engine: {why}")),
+        }
+    }
+
+    pub fn sandboxed(&self) -> bool {
+        !matches!(self.kind, Kind::Host)
+    }
+
+    pub fn go_seed(&self, cfg: &EngineConfig) -> Result<PathBuf, String> {
+        let mut seed = self.go_seed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = seed.as_ref().filter(|s| s.is_dir()) {
+            return Ok(s.clone());
+        }
+        let made = go_seed(cfg, &cfg.build_seed_dir)?;
+        *seed = Some(made.clone());
+        Ok(made)
+    }
+}
+
+/// Runs `std::process::Command`s in the build sandbox.
+pub(crate) struct SandboxRunner(Arc<sandbox::Builder>);
+
+impl Runner for SandboxRunner {
+    fn output(&self, cmd: &mut Command, reads: &[PathBuf], output: Option<&Path>) -> Result<Output, RunError> {
+        let program = absolute(cmd.get_program()).map_err(RunError::Spawn)?;
+        let mut argv = vec![program];
+        argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+        // Only what the command sets; the sandbox adds its own base (PATH,
+        // HOME, proxy, the operator's index settings). Removals are moot:
+        // nothing of the engine's environment is inherited.
+        let env = cmd
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_string_lossy().into_owned(), v?.to_string_lossy().into_owned())))
+            .collect();
+        let cwd = cmd.get_current_dir().map(Path::to_path_buf).or(output.map(Path::to_path_buf)).unwrap_or("/".into());
+        let job = sandbox::Job { argv, env, cwd, reads: reads.to_vec(), output: output.map(Path::to_path_buf) };
+        match self.0.run(&job) {
+            Ok(f) => Ok(Output { status: ExitStatus::from_raw(f.wait_status), stdout: Vec::new(), stderr: f.log }),
+            Err(sandbox::BuildError::Sandbox(e)) => Err(RunError::Spawn(io::Error::other(e))),
+            Err(e) => {
+                let log = match &e {
+                    sandbox::BuildError::TimedOut { log, .. } | sandbox::BuildError::OutOfMemory { log, .. } => {
+                        last_lines(log)
+                    }
+                    _ => String::new(),
+                };
+                Err(RunError::Stopped(if log.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{e}; its last output:\n{log}")
+                }))
+            }
+        }
+    }
+}
+
+fn last_lines(log: &[u8]) -> String {
+    let text = String::from_utf8_lossy(log);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(QUOTED_LINES_MAX)..]
+        .iter()
+        .map(|l| format!("  {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn absolute(program: &OsStr) -> io::Result<String> {
+    let p = Path::new(program);
+    let found = if p.is_absolute() {
+        Some(p.to_path_buf())
+    } else if p.components().count() == 1 {
+        sandbox::which(&program.to_string_lossy())
+    } else {
+        None
+    };
+    found.map(|p| p.to_string_lossy().into_owned()).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("{} not found on PATH", program.to_string_lossy()))
+    })
+}
+
+/// The operator's package index settings, passed to every build, and the
+/// host paths they name (a local wheel directory, a CA bundle).
+const PASSED_VARS: [&str; 15] = [
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS",
+    "PIP_CERT",
+    "PIP_TRUSTED_HOST",
+    "PIP_DEFAULT_TIMEOUT",
+    "PIP_NO_INDEX",
+    "GOPROXY",
+    "GOSUMDB",
+    "GONOSUMDB",
+    "GOPRIVATE",
+    "GONOPROXY",
+    "GOFLAGS",
+    "npm_config_registry",
+    "NPM_CONFIG_REGISTRY",
+];
+const CA_VARS: [&str; 6] =
+    ["SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO"];
+
+/// The build settings for this engine's environment: its package index
+/// variables (and the paths and hosts they name) plus `extra_hosts`.
+pub fn build_config(extra_hosts: &[String]) -> Result<sandbox::BuildConfig, String> {
+    let vars: Vec<(String, String)> = PASSED_VARS
+        .iter()
+        .chain(CA_VARS.iter())
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    let mut hosts: Vec<HostRule> = DEFAULT_HOSTS.iter().map(|h| HostRule::parse(h).expect("valid")).collect();
+    let mut reads = Vec::new();
+    for (k, v) in &vars {
+        for token in v.split([' ', ',', '|']).filter(|t| !t.is_empty()) {
+            if let Some(path) = token.strip_prefix("file://").or(Some(token).filter(|t| t.starts_with('/'))) {
+                reads.push(PathBuf::from(path));
+            } else if let Some(host) = url_host(token) {
+                hosts.push(HostRule::parse(&host).map_err(|e| format!("{k}: {e}"))?);
+            } else if k == "GOSUMDB" && !matches!(token, "off") && !token.contains('/') {
+                // "sum.golang.org" or "sum.golang.org+<key>" (a URL may follow).
+                let name = token.split('+').next().unwrap_or(token);
+                hosts.push(HostRule::parse(name).map_err(|e| format!("GOSUMDB: {e}"))?);
+            }
+        }
+    }
+    for h in extra_hosts {
+        hosts.push(HostRule::parse(h).map_err(|e| format!("--build-allow-host: {e}"))?);
+    }
+    hosts.dedup();
+    let mut cfg = sandbox::BuildConfig::new(hosts);
+    cfg.env = vars;
+    cfg.reads = reads;
+    Ok(cfg)
+}
+
+/// The Go runtime compiled once into a build cache that every sandboxed
+/// Go build starts from (a copy of it: builds never share a cache they
+/// can write). Made on the host from our own sources only, with no
+/// network, and kept per Go version and runtime under `seed_root`.
+fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf, String> {
+    let script = cfg.runtimes_dir.join("go/build-function.sh");
+    let go_dir = cfg.runtimes_dir.join("go");
+    let version =
+        Command::new(go_command()).args(["env", "GOVERSION"]).output().map_err(|e| format!("running go: {e}"))?;
+    let mut key = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    let mut files = Vec::new();
+    collect(&go_dir, &mut files).map_err(|e| format!("reading {}: {e}", go_dir.display()))?;
+    files.sort();
+    let mut bytes = key.clone().into_bytes();
+    for f in &files {
+        bytes.extend_from_slice(f.to_string_lossy().as_bytes());
+        bytes.extend(fs::read(f).map_err(|e| format!("reading {}: {e}", f.display()))?);
+    }
+    key.push('-');
+    key.push_str(&api::archive::digest(&bytes)["sha256:".len()..][..16]);
+    let seed = seed_root.join(&key);
+    if seed.is_dir() {
+        return Ok(seed);
+    }
+    sweep_dead_tmp(seed_root);
+    log::info!("building the Go runtime's build cache once ({})", seed.display());
+    let tmp = seed_root.join(format!("tmp-{}-{}", std::process::id(), ipc::monotonic_ns()));
+    let made = (|| -> Result<(), String> {
+        let code = tmp.join("code");
+        fs::create_dir_all(&code).map_err(|e| format!("creating {}: {e}", code.display()))?;
+        fs::write(
+            code.join("seed.go"),
+            "package seed\n\nimport staccato \"staccato.local/go/staccato\"\n\n\
+             func Handle(ctx *staccato.Context, in []byte) ([]byte, error) { return in, nil }\n",
+        )
+        .map_err(|e| format!("writing the seed function: {e}"))?;
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(&code)
+            .arg("Handle")
+            .arg(tmp.join("worker"))
+            .env("GOCACHE", tmp.join("gocache"))
+            .env("GOPATH", tmp.join("gopath"))
+            .env("GOPROXY", "off")
+            .env("GOTOOLCHAIN", "local")
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!("building the Go seed failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        open_up(&tmp.join("gocache")).map_err(|e| format!("making the Go seed readable: {e}"))?;
+        match fs::rename(tmp.join("gocache"), &seed) {
+            // Another engine made it first.
+            Err(_) if seed.is_dir() => Ok(()),
+            r => r.map_err(|e| format!("publishing {}: {e}", seed.display())),
+        }
+    })();
+    let _ = make_removable(&tmp).and_then(|()| fs::remove_dir_all(&tmp));
+    made.map(|()| seed)
+}
+
+/// Removes what seed builds of engines that died left (`tmp-<pid>-<n>`).
+fn sweep_dead_tmp(seed_root: &Path) {
+    let Ok(entries) = fs::read_dir(seed_root) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix("tmp-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+            let _ = make_removable(&e.path()).and_then(|()| fs::remove_dir_all(e.path()));
+        }
+    }
+}
+
+pub(crate) fn go_command() -> String {
+    std::env::var("GO")
+        .ok()
+        .or_else(|| sandbox::which("go").map(|p| p.display().to_string()))
+        .unwrap_or_else(|| "/usr/local/go/bin/go".into())
+}
+
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> io::Result<()> {
+    for e in fs::read_dir(dir)? {
+        let p = e?.path();
+        let ft = fs::symlink_metadata(&p)?.file_type();
+        if ft.is_dir() {
+            collect(&p, out)?;
+        } else if ft.is_file() && p.extension().is_some_and(|x| x == "go" || x == "mod" || x == "sh") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// World-readable (the builds' users differ from root).
+fn open_up(p: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = fs::symlink_metadata(p)?;
+    if meta.is_dir() {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
+        for e in fs::read_dir(p)? {
+            open_up(&e?.path())?;
+        }
+    } else if meta.is_file() {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o644))?;
+    }
+    Ok(())
+}
+
+/// Go's module cache is read-only; a removal needs write permission back.
+fn make_removable(p: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = fs::symlink_metadata(p)?;
+    if meta.is_dir() {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
+        for e in fs::read_dir(p)? {
+            make_removable(&e?.path())?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,470 @@
+//! Deploy-time builds in a sandbox: pip (and the PEP 517 build backends it
+//! runs), npm (and install scripts), `go build` (and module code), C and
+//! C++ compilers. All of it is code the deployer controls, so none of it
+//! runs on the host: each build step gets a one-shot container made like a
+//! function's (own user, no capabilities, seccomp, read-only root, memory
+//! and process limits), with
+//!
+//! * only the paths the step reads (the function's source, the toolchain),
+//!   read-only at their host paths, so commands need no path translation;
+//! * one writable output directory, backed by a size-limited tmpfs that is
+//!   never attached on the host: the engine fills it through the detached
+//!   mount's fd, and copies the result out after every process of the
+//!   build is dead, keeping only files, directories and symlinks that stay
+//!   inside the output (nothing can race the copy, nothing points out);
+//! * a network namespace that reaches only the allow-list proxy
+//!   ([`crate::proxy`]): package indexes, nothing on the host;
+//! * a time limit, after which everything in it is killed.
+//!
+//! A container costs ~40 ms to make (plus ~10 ms for its namespace): small
+//! against any build, and nothing is reused between builds, so one build
+//! can never leave anything for the next.
+
+use crate::container::Container;
+use crate::proxy::{HostRule, Proxy};
+use crate::{Limits, Mount, Network, Settings, Start};
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A build's own tmpfs (and HOME): not /tmp, which stays free for binding
+/// host paths under /tmp at their own paths.
+pub const BUILD_TMP: &str = "/var/tmp";
+
+/// Builds running at once, at most (each holds a container and a uid).
+const BUILDS_MAX: u32 = 32;
+/// How much of a build's output an error quotes, from the end.
+const LOG_TAIL_MAX: u64 = 64 << 10;
+/// Entries copied out of one build's output, at most.
+const OUTPUT_ENTRIES_MAX: usize = 500_000;
+const OUTPUT_DEPTH_MAX: usize = 64;
+
+/// Limits and network of every build.
+#[derive(Clone, Debug)]
+pub struct BuildConfig {
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub timeout: Duration,
+    /// The build's [`BUILD_TMP`] (and HOME): tmpfs, counted against its memory.
+    pub tmp_bytes: u64,
+    /// The writable output: tmpfs, counted against its memory.
+    pub output_bytes: u64,
+    /// Host names the build may reach through the proxy.
+    pub allow_hosts: Vec<HostRule>,
+    /// Environment every build gets (package index settings, CA bundles).
+    pub env: Vec<(String, String)>,
+    /// Host paths every build may read (a local wheel directory, say).
+    pub reads: Vec<PathBuf>,
+}
+
+impl BuildConfig {
+    pub fn new(allow_hosts: Vec<HostRule>) -> BuildConfig {
+        BuildConfig {
+            memory_bytes: 2 << 30,
+            pids: 1024,
+            timeout: Duration::from_secs(600),
+            tmp_bytes: 2 << 30,
+            output_bytes: 2 << 30,
+            allow_hosts,
+            env: Vec::new(),
+            reads: Vec::new(),
+        }
+    }
+}
+
+/// One build step.
+#[derive(Clone, Debug, Default)]
+pub struct Job {
+    /// argv[0] must be an absolute path (the container's init uses execve).
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    /// Host paths it may read, visible at the same paths.
+    pub reads: Vec<PathBuf>,
+    /// A host directory it writes: what it holds before is copied in, and
+    /// after a successful build it holds exactly what the build left there.
+    pub output: Option<PathBuf>,
+}
+
+/// How a build step ended, when it ran to its end.
+#[derive(Debug)]
+pub struct Finished {
+    /// The wait status (as `std::process::ExitStatus::from_raw` takes it).
+    pub wait_status: i32,
+    /// The end of its standard output and error, interleaved.
+    pub log: Vec<u8>,
+}
+
+impl Finished {
+    pub fn success(&self) -> bool {
+        self.wait_status & 0x7f == 0 && (self.wait_status >> 8) & 0xff == 0
+    }
+}
+
+#[derive(Debug)]
+pub enum BuildError {
+    /// The sandbox itself failed (not the build).
+    Sandbox(String),
+    TimedOut {
+        after: Duration,
+        log: Vec<u8>,
+    },
+    OutOfMemory {
+        limit: u64,
+        log: Vec<u8>,
+    },
+    /// The output could not be copied out (too many entries, too deep).
+    Output(String),
+}
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildError::Sandbox(e) => write!(f, "the build sandbox failed: {e}"),
+            BuildError::TimedOut { after, .. } => {
+                write!(f, "the build was stopped after {} s (the engine's --build-timeout-s)", after.as_secs())
+            }
+            BuildError::OutOfMemory { limit, .. } => {
+                write!(f, "the build ran out of memory (limit {} MiB, the engine's --build-memory)", limit >> 20)
+            }
+            BuildError::Output(e) => write!(f, "the build's output was refused: {e}"),
+        }
+    }
+}
+
+pub struct Builder {
+    settings: Settings,
+    nets: netns::Networks,
+    proxy: Proxy,
+    cfg: BuildConfig,
+    indexes: Mutex<BTreeSet<u32>>,
+}
+
+impl Builder {
+    /// `functions` are the function containers' settings: builds get the
+    /// same runc, init and user range scheme, under their own prefix
+    /// (`b` for `s`), directory and uids below the functions'. Removes what
+    /// a dead engine's builds left behind, then starts the proxy.
+    pub fn new(functions: &Settings, cfg: BuildConfig) -> Result<Builder, String> {
+        let tail = &functions.prefix[functions.prefix.len().saturating_sub(netns::PREFIX_LEN_MAX - 1)..];
+        let prefix = format!("b{tail}");
+        let proxy = Proxy::start(cfg.allow_hosts.clone()).map_err(|e| format!("starting the build proxy: {e}"))?;
+        let settings = Settings {
+            dir: functions.dir.join("build"),
+            prefix: prefix.clone(),
+            runc: functions.runc.clone(),
+            init: functions.init.clone(),
+            binds: Vec::new(),
+            network: Network::Isolated,
+            host_ports: Some(vec![proxy.addr().port()]),
+            uid_base: functions.uid_base.saturating_sub(10_000),
+            tmp_dir: BUILD_TMP.into(),
+            tmp_bytes: cfg.tmp_bytes,
+            neutral: Limits { memory_bytes: cfg.memory_bytes, pids: cfg.pids, cpu_shares: None },
+            pool_size: 0,
+            warm_python: None,
+        };
+        fs::create_dir_all(&settings.dir).map_err(|e| format!("creating {}: {e}", settings.dir.display()))?;
+        let nets = netns::Networks::with_ports(&prefix, &[proxy.addr().port()])?;
+        crate::pool::remove_leftovers(&settings, Some(&nets));
+        Ok(Builder { settings, nets, proxy, cfg, indexes: Mutex::new(BTreeSet::new()) })
+    }
+
+    pub fn config(&self) -> &BuildConfig {
+        &self.cfg
+    }
+
+    /// The proxy's address on the host (tests attack it directly).
+    pub fn proxy_addr(&self) -> std::net::SocketAddr {
+        self.proxy.addr()
+    }
+
+    /// Runs one build step to its end (or its limit).
+    pub fn run(&self, job: &Job) -> Result<Finished, BuildError> {
+        if job.argv.first().is_none_or(|a| !a.starts_with('/')) {
+            return Err(BuildError::Sandbox(format!("build command {:?} is not an absolute path", job.argv.first())));
+        }
+        let index = self.take_index().map_err(BuildError::Sandbox)?;
+        let result = self.run_at(index, job);
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).remove(&index);
+        result
+    }
+
+    fn take_index(&self) -> Result<u32, String> {
+        let mut used = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        let free = (0..BUILDS_MAX).find(|i| !used.contains(i)).ok_or("too many builds at once")?;
+        used.insert(free);
+        Ok(free)
+    }
+
+    fn run_at(&self, index: u32, job: &Job) -> Result<Finished, BuildError> {
+        let sandbox = |e: String| BuildError::Sandbox(e);
+        // The scratch tmpfs first: the container's uid owns what is in it.
+        let scratch = ipc::mount::tmpfs(Path::new("/"), self.cfg.output_bytes)
+            .map_err(|e| sandbox(format!("making the build's scratch tmpfs: {e}")))?;
+        let root = scratch.path();
+        let uid = self.settings.uid_base + index;
+        let (out, log) = (root.join("out"), root.join("log"));
+        let prepared = (|| -> io::Result<()> {
+            fs::create_dir(&out)?;
+            if let Some(dir) = &job.output {
+                copy_tree(dir, &out, &mut 0, 0)?;
+            }
+            chown_tree(&out, uid)?;
+            File::create(&log)?;
+            Ok(())
+        })();
+        prepared.map_err(|e| sandbox(format!("preparing the build's output: {e}")))?;
+
+        let container = Container::create(&self.settings, Some(&self.nets), index, false).map_err(sandbox)?;
+        let result = self.start_and_wait(&container, job, &out, &log);
+        container.destroy(&self.settings, Some(&self.nets));
+        let finished = result?;
+        if finished.success() {
+            if let Some(dir) = &job.output {
+                replace_with_copy(&out, dir).map_err(|e| BuildError::Output(e.to_string()))?;
+            }
+        }
+        Ok(finished)
+    }
+
+    fn start_and_wait(&self, c: &Container, job: &Job, out: &Path, log: &Path) -> Result<Finished, BuildError> {
+        let host_ip = c.net.as_ref().map(|n| n.host_ip).ok_or(BuildError::Sandbox("no network namespace".into()))?;
+        let proxy = format!("http://{host_ip}:{}", self.proxy.addr().port());
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin:/usr/local/go/bin".into()),
+            ("HOME".into(), BUILD_TMP.into()),
+            ("TMPDIR".into(), BUILD_TMP.into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
+        for k in
+            ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "npm_config_https_proxy", "npm_config_proxy"]
+        {
+            env.push((k.into(), proxy.clone()));
+        }
+        env.push(("NO_PROXY".into(), String::new()));
+        env.push(("no_proxy".into(), String::new()));
+        env.extend(self.cfg.env.iter().cloned());
+        env.extend(job.env.iter().cloned());
+        // Debian's alternatives (cc, c++, awk) are links through /etc.
+        let alternatives = [PathBuf::from("/etc/alternatives")];
+        let mut mounts: Vec<Mount> = visible(job.reads.iter().chain(&self.cfg.reads).chain(&alternatives))
+            .into_iter()
+            .map(|src| Mount { dst: src.clone(), src, read_only: true })
+            .collect();
+        if let Some(dir) = &job.output {
+            mounts.push(Mount { src: out.to_path_buf(), dst: dir.clone(), read_only: false });
+        }
+        let start = Start {
+            mounts,
+            limits: self.settings.neutral.clone(),
+            argv: job.argv.clone(),
+            env,
+            cwd: job.cwd.to_string_lossy().into_owned(),
+            log: log.to_path_buf(),
+            python: false,
+        };
+        let pid = c.start(&start).map_err(BuildError::Sandbox)?;
+        let started = Instant::now();
+        loop {
+            for line in c.poll_status() {
+                let mut f = line.split(' ');
+                if f.next() == Some("EXIT") && f.next() == Some(&pid.to_string()) {
+                    let wait_status = f.next().and_then(|s| s.parse().ok()).unwrap_or(-1);
+                    let log = tail(log);
+                    if c.oom_since_start() {
+                        return Err(BuildError::OutOfMemory { limit: self.cfg.memory_bytes, log });
+                    }
+                    return Ok(Finished { wait_status, log });
+                }
+            }
+            if started.elapsed() > self.cfg.timeout {
+                c.kill_all();
+                return Err(BuildError::TimedOut { after: self.cfg.timeout, log: tail(log) });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// The paths to bind, without duplicates, without paths inside another one
+/// on the list, and without what every container sees anyway.
+fn visible<'a>(paths: impl Iterator<Item = &'a PathBuf>) -> Vec<PathBuf> {
+    let mut all: Vec<PathBuf> = paths
+        .filter(|p| p.is_absolute() && p.components().all(|c| !matches!(c, Component::ParentDir)))
+        .filter(|p| !p.starts_with("/usr") && !p.starts_with("/etc/ssl") && p.exists())
+        .filter(|p| p.parent().is_some())
+        .cloned()
+        .collect();
+    all.sort();
+    all.dedup();
+    let mut kept: Vec<PathBuf> = Vec::new();
+    for p in all {
+        if !kept.iter().any(|k| p.starts_with(k)) {
+            kept.push(p);
+        }
+    }
+    kept
+}
+
+/// The last LOG_TAIL_MAX bytes of the build's log (not following links).
+fn tail(path: &Path) -> Vec<u8> {
+    let Ok(mut f) = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_MAX)));
+    let mut out = Vec::new();
+    let _ = f.take(LOG_TAIL_MAX).read_to_end(&mut out);
+    out
+}
+
+fn chown_tree(path: &Path, uid: u32) -> io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid))?;
+    if fs::symlink_metadata(path)?.is_dir() {
+        for e in fs::read_dir(path)? {
+            chown_tree(&e?.path(), uid)?;
+        }
+    }
+    Ok(())
+}
+
+/// Empties `dst` and fills it with a sanitized copy of `src`.
+fn replace_with_copy(src: &Path, dst: &Path) -> io::Result<()> {
+    for e in fs::read_dir(dst)? {
+        let p = e?.path();
+        if fs::symlink_metadata(&p)?.is_dir() {
+            make_writable(&p)?;
+            fs::remove_dir_all(&p)?;
+        } else {
+            fs::remove_file(&p)?;
+        }
+    }
+    let mut count = 0;
+    copy_tree(src, dst, &mut count, 0)
+}
+
+fn make_writable(dir: &Path) -> io::Result<()> {
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    for e in fs::read_dir(dir)? {
+        let p = e?.path();
+        if fs::symlink_metadata(&p)?.is_dir() {
+            make_writable(&p)?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies the contents of `src` into the existing directory `dst`: files
+/// (owner-writable, readable by all, executable if they were), directories
+/// and symlinks whose target is relative and stays inside the tree; any
+/// other entry (FIFOs, sockets, links out) is left out. Nothing is
+/// followed: `src` must be a tree no process can change meanwhile.
+fn copy_tree(src: &Path, dst: &Path, count: &mut usize, depth: usize) -> io::Result<()> {
+    if depth > OUTPUT_DEPTH_MAX {
+        return Err(io::Error::other(format!("directories nested deeper than {OUTPUT_DEPTH_MAX}")));
+    }
+    for e in fs::read_dir(src)? {
+        let e = e?;
+        *count += 1;
+        if *count > OUTPUT_ENTRIES_MAX {
+            return Err(io::Error::other(format!("more than {OUTPUT_ENTRIES_MAX} entries")));
+        }
+        let (from, to) = (e.path(), dst.join(e.file_name()));
+        let meta = fs::symlink_metadata(&from)?;
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            fs::create_dir(&to)?;
+            copy_tree(&from, &to, count, depth + 1)?;
+            fs::set_permissions(&to, fs::Permissions::from_mode(0o755))?;
+        } else if ft.is_file() {
+            let mut r = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&from)?;
+            let mode = if meta.permissions().mode() & 0o111 != 0 { 0o755 } else { 0o644 };
+            let mut w = OpenOptions::new().write(true).create_new(true).mode(mode).open(&to)?;
+            io::copy(&mut r, &mut w)?;
+            fs::set_permissions(&to, fs::Permissions::from_mode(mode))?;
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&from)?;
+            if stays_inside(&target, depth) {
+                std::os::unix::fs::symlink(&target, &to)?;
+            } else {
+                log::warn!("build output: left out the link {} -> {}", to.display(), target.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a link at `depth` directories below the root, with this target,
+/// points inside the root (judged on the text alone).
+fn stays_inside(target: &Path, depth: usize) -> bool {
+    let mut level = depth as isize;
+    for c in target.components() {
+        match c {
+            Component::Normal(_) => level += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                level -= 1;
+                if level < 0 {
+                    return false;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_must_stay_inside() {
+        assert!(stays_inside(Path::new("a/b"), 0));
+        assert!(stays_inside(Path::new("../x"), 1));
+        assert!(!stays_inside(Path::new("../x"), 0));
+        assert!(!stays_inside(Path::new("../../etc/shadow"), 1));
+        assert!(!stays_inside(Path::new("/etc/shadow"), 3));
+        assert!(stays_inside(Path::new("./../../b"), 2));
+    }
+
+    #[test]
+    fn visible_paths_drop_nested_and_relative_ones() {
+        let tmp = std::env::temp_dir().join(format!("sandbox-visible-{}", std::process::id()));
+        fs::create_dir_all(tmp.join("a/b")).unwrap();
+        let paths =
+            [tmp.join("a/b"), tmp.join("a"), "rel".into(), "/usr/bin".into(), tmp.join("a/../x"), tmp.join("a")];
+        assert_eq!(visible(paths.iter()), vec![tmp.join("a")]);
+        fs::remove_dir_all(tmp).unwrap();
+    }
+
+    #[test]
+    fn copies_files_dirs_and_inner_links_only() {
+        let tmp = std::env::temp_dir().join(format!("sandbox-copy-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        let (src, dst) = (tmp.join("src"), tmp.join("dst"));
+        fs::create_dir_all(src.join("d")).unwrap();
+        fs::create_dir_all(&dst).unwrap();
+        fs::write(src.join("d/f"), b"x").unwrap();
+        fs::set_permissions(src.join("d/f"), fs::Permissions::from_mode(0o4777)).unwrap();
+        std::os::unix::fs::symlink("f", src.join("d/in")).unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", src.join("d/abs")).unwrap();
+        std::os::unix::fs::symlink("../../x", src.join("d/up")).unwrap();
+        ipc::mkfifo(&src.join("fifo")).unwrap();
+        fs::write(dst.join("old"), b"y").unwrap();
+        replace_with_copy(&src, &dst).unwrap();
+        assert!(!dst.join("old").exists());
+        assert_eq!(fs::read(dst.join("d/f")).unwrap(), b"x");
+        assert_eq!(fs::metadata(dst.join("d/f")).unwrap().permissions().mode() & 0o7777, 0o755);
+        assert_eq!(fs::read_link(dst.join("d/in")).unwrap(), Path::new("f"));
+        for gone in ["d/abs", "d/up", "fifo"] {
+            assert!(fs::symlink_metadata(dst.join(gone)).is_err(), "{gone}");
+        }
+        fs::remove_dir_all(tmp).unwrap();
+    }
+}
