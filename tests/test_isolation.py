@@ -90,6 +90,8 @@ def test_runs_unprivileged_in_its_own_namespaces(iso):
     assert out["write_tmp"] == "ok", out
     # No privileged system calls (seccomp and no capabilities).
     assert out["unshare"] == "EPERM" and out["mount"] == "EPERM" and out["setuid0"] == "EPERM", out
+    # An allow list: calls nobody listed fail, even ones any process may make.
+    assert out["personality"] == "EPERM" and out["move_pages"] == "EPERM" and out["io_uring"] == "EPERM", out
 
 
 def test_cpu_group_shared_with_the_engine_unless_a_share_is_asked(iso):

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import tarfile
@@ -582,3 +583,32 @@ def test_process_exit_in_node_fails_only_its_own_call(srv):
         bad = ex.submit(srv.invoke, "neighbours-node", b"exit")
         assert [ok_body(f.result()) for f in ok] == [b"ok0", b"ok1", b"ok2"]
         check_error(bad.result(), 500, "function_error", in_message="process.exit(3)")
+
+
+def _leftovers(prefix):
+    """What an engine with this container prefix has on the machine."""
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    spaces = [l.split()[0] for l in netns.splitlines() if l.startswith(f"stc-{prefix}-")]
+    groups = [str(p) for c in ("memory", "pids", "freezer", "cpu")
+              for p in Path(f"/sys/fs/cgroup/{c}/staccato").glob(f"{prefix}-*")]
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    return spaces, groups, f"staccato_{prefix}" in tables
+
+
+def test_a_killed_engines_leftovers_go_when_any_engine_starts(tmp_path):
+    """A SIGKILLed engine's namespaces, nft table and cgroups are removed by
+    the next engine to start on the machine, whatever its state directory."""
+    with own_server(tmp_path / "first") as first:
+        pid = str(first.proc.pid)
+        claims = [p for p in Path("/run/staccato/engines").glob("*.lock") if p.read_text().strip() == pid]
+        prefixes = sorted(p.name[:-len(".lock")] for p in claims)
+        assert len(prefixes) == 2, prefixes  # the function pool's and the builds'
+        pool_prefix = next(p for p in prefixes if p.startswith("s"))
+        assert wait_for(lambda: _leftovers(pool_prefix)[0], 10), "the pool made no network namespaces"
+        first.stop(signal.SIGKILL)
+    spaces, groups, table = _leftovers(pool_prefix)
+    assert spaces and groups and table, "SIGKILL should have left things behind"
+    with own_server(tmp_path / "second"):
+        for prefix in prefixes:
+            assert _leftovers(prefix) == ([], [], False), prefix
+            assert not (Path("/run/staccato/engines") / f"{prefix}.lock").exists()

@@ -32,6 +32,11 @@ mod ruleset;
 
 pub use naming::{NETS_MAX, NS_IF, PREFIX_LEN_MAX, SUBNET_PREFIX_LEN};
 
+/// Whether `prefix` is one [`Networks::new`] accepts.
+pub fn valid_prefix(prefix: &str) -> bool {
+    naming::validate_prefix(prefix).is_ok()
+}
+
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

@@ -142,6 +142,7 @@ pub struct Builder {
     proxy: Proxy,
     cfg: BuildConfig,
     indexes: Mutex<BTreeSet<u32>>,
+    _claim: crate::Claim,
 }
 
 impl Builder {
@@ -152,6 +153,7 @@ impl Builder {
     pub fn new(functions: &Settings, cfg: BuildConfig) -> Result<Builder, String> {
         let tail = &functions.prefix[functions.prefix.len().saturating_sub(netns::PREFIX_LEN_MAX - 1)..];
         let prefix = format!("b{tail}");
+        let claim = crate::claim(&prefix)?;
         let proxy = Proxy::start(cfg.allow_hosts.clone()).map_err(|e| format!("starting the build proxy: {e}"))?;
         let settings = Settings {
             dir: functions.dir.join("build"),
@@ -171,7 +173,7 @@ impl Builder {
         fs::create_dir_all(&settings.dir).map_err(|e| format!("creating {}: {e}", settings.dir.display()))?;
         let nets = netns::Networks::with_ports(&prefix, &[proxy.addr().port()])?;
         crate::pool::remove_leftovers(&settings, Some(&nets));
-        Ok(Builder { settings, nets, proxy, cfg, indexes: Mutex::new(BTreeSet::new()) })
+        Ok(Builder { settings, nets, proxy, cfg, indexes: Mutex::new(BTreeSet::new()), _claim: claim })
     }
 
     pub fn config(&self) -> &BuildConfig {

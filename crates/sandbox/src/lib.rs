@@ -11,11 +11,13 @@ mod bundle;
 mod container;
 mod pool;
 pub mod proxy;
+mod sweep;
 
 pub use build::{BuildConfig, BuildError, Builder, Finished, Job, BUILD_TMP};
 pub use container::Container;
 pub use pool::{Pool, PoolStats};
 use std::path::{Path, PathBuf};
+pub use sweep::{claim, sweep_dead_engines, Claim};
 
 /// How a function container reaches the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -46,6 +46,7 @@ struct Inner {
     destroyed: AtomicU64,
     misses: AtomicU64,
     create_us_last: AtomicU64,
+    _claim: crate::Claim,
 }
 
 #[derive(Clone)]
@@ -58,6 +59,7 @@ impl Pool {
     /// starts filling the pool in the background.
     pub fn new(settings: Settings) -> Result<Pool, String> {
         fs::create_dir_all(&settings.dir).map_err(|e| format!("creating {}: {e}", settings.dir.display()))?;
+        let claim = crate::claim(&settings.prefix)?;
         // The engine joins the CPU group its containers will share.
         let group = crate::shared_cpu_group(&settings.prefix);
         fs::create_dir_all(&group)
@@ -86,6 +88,7 @@ impl Pool {
             destroyed: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             create_us_last: AtomicU64::new(0),
+            _claim: claim,
         });
         inner.remove_leftovers();
         thaw_orphans();

@@ -49,6 +49,16 @@ def libc_call(name, *args):
         raise OSError(ctypes.get_errno(), name)
 
 
+def raw_syscall(number, *args):
+    """A system call an unprivileged process may make unless seccomp
+    refuses it; returns "ok" or the errno name."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(ctypes.c_long(number), *[ctypes.c_long(a) for a in args]) == -1:
+        return errno.errorcode.get(ctypes.get_errno(), "?")
+    return "ok"
+
+
 def handle(ctx, payload):
     req = json.loads(payload or b"{}")
     out = {
@@ -71,6 +81,12 @@ def handle(ctx, payload):
         "unshare": attempt(lambda: libc_call("unshare", 0x10000000)),
         "mount": attempt(lambda: libc_call("mount", b"/tmp", b"/code", None, 4096, None)),
         "setuid0": attempt(lambda: os.setuid(0)),
+        # Allowed to any process, but not on the seccomp allow list:
+        # personality(ADDR_NO_RANDOMIZE), move_pages(self, 0 pages), and
+        # io_uring_setup(1, NULL) (EFAULT if it got past seccomp).
+        "personality": raw_syscall(135, 0x0040000),
+        "move_pages": raw_syscall(279, 0, 0, 0, 0, 0, 0),
+        "io_uring": raw_syscall(425, 1, 0),
         "read": {p: attempt(lambda p=p: read(p)) for p in req.get("read", [])},
         "list": {p: attempt(lambda p=p: os.listdir(p)) for p in req.get("list", [])},
         "connect": {f"{h}:{p}": attempt(lambda h=h, p=p: connect(h, p)) for h, p in req.get("connect", [])},

@@ -1,0 +1,131 @@
+//! Engines on one machine clean up after each other. Each engine holds an
+//! `flock` on `/run/staccato/engines/<prefix>.lock` for every prefix its
+//! containers, cgroups and network namespaces are named with; an engine
+//! that starts takes the lock of every file there it can, and a lock it can
+//! take belongs to an engine that died: it kills what is left in that
+//! prefix's cgroups, removes them, its network namespaces, veths and nft
+//! table, and the lock file. So a SIGKILLed engine's leftovers go at the
+//! next start of any engine, not only of one with the same state directory.
+//!
+//! (The dead engine's runc state stays in its own state directory, which
+//! only it names; its next start removes that.)
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const ENGINES_DIR: &str = "/run/staccato/engines";
+const CONTROLLERS: [&str; 9] = ["memory", "cpu", "pids", "freezer", "cpuacct", "cpuset", "blkio", "devices", "systemd"];
+
+/// A prefix this process owns; dropping it releases the claim.
+#[derive(Debug)]
+pub struct Claim {
+    path: PathBuf,
+    _file: File,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+fn lock_path(prefix: &str) -> PathBuf {
+    Path::new(ENGINES_DIR).join(format!("{prefix}.lock"))
+}
+
+/// Sweeps what dead engines left, then claims `prefix` for this process.
+/// Fails if a live engine holds it.
+pub fn claim(prefix: &str) -> Result<Claim, String> {
+    fs::create_dir_all(ENGINES_DIR).map_err(|e| format!("creating {ENGINES_DIR}: {e}"))?;
+    sweep_dead_engines();
+    let path = lock_path(prefix);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = file.set_len(0);
+            let _ = write!(file, "{}", std::process::id());
+            Ok(Claim { path, _file: file })
+        }
+        Err(fs::TryLockError::WouldBlock) => {
+            let pid = fs::read_to_string(&path).unwrap_or_default();
+            Err(format!(
+                "the container prefix {prefix} is in use by another engine (pid {}); is another staccato running \
+                 with the same state directory?",
+                pid.trim()
+            ))
+        }
+        Err(fs::TryLockError::Error(e)) => Err(format!("locking {}: {e}", path.display())),
+    }
+}
+
+/// Sweeps every prefix whose lock no live process holds.
+pub fn sweep_dead_engines() {
+    let Ok(entries) = fs::read_dir(ENGINES_DIR) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(prefix) = name.strip_suffix(".lock").filter(|p| netns::valid_prefix(p)) else { continue };
+        let Ok(file) = OpenOptions::new().read(true).write(true).open(e.path()) else { continue };
+        if file.try_lock().is_err() {
+            continue; // alive
+        }
+        log::info!("removing what a dead engine left (containers prefix {prefix})");
+        sweep_prefix(prefix);
+        let _ = fs::remove_file(e.path());
+    }
+}
+
+fn mine(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix).is_some_and(|r| r.starts_with('-'))
+}
+
+/// Kills and removes the cgroups and namespaces named with `prefix`.
+fn sweep_prefix(prefix: &str) {
+    let groups = |c: &str| -> Vec<PathBuf> {
+        let base = Path::new("/sys/fs/cgroup").join(c).join("staccato");
+        fs::read_dir(base)
+            .map(|d| d.flatten().filter(|e| mine(prefix, &e.file_name().to_string_lossy())).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    for g in groups("freezer") {
+        let _ = fs::write(g.join("freezer.state"), "THAWED");
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let pids: Vec<u32> = groups("pids")
+            .iter()
+            .flat_map(|g| {
+                fs::read_to_string(g.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if pids.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        for p in pids {
+            let _ = ipc::kill(p);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for c in CONTROLLERS {
+        for g in groups(c) {
+            let _ = fs::remove_dir(g);
+        }
+    }
+    let _ = fs::remove_dir(crate::shared_cpu_group(prefix));
+    match netns::Networks::new(prefix).and_then(|n| n.cleanup()) {
+        Ok(()) => {}
+        Err(e) => log::warn!("removing the network namespaces of prefix {prefix}: {e}"),
+    }
+}
