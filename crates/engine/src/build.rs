@@ -215,13 +215,19 @@ fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf, String> {
     let version =
         Command::new(go_command()).args(["env", "GOVERSION"]).output().map_err(|e| format!("running go: {e}"))?;
     let mut key = String::from_utf8_lossy(&version.stdout).trim().to_string();
+    if !version.status.success() || key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.') {
+        return Err(format!("`go env GOVERSION` failed: {}", String::from_utf8_lossy(&version.stderr).trim()));
+    }
     let mut files = Vec::new();
     collect(&go_dir, &mut files).map_err(|e| format!("reading {}: {e}", go_dir.display()))?;
     files.sort();
     let mut bytes = key.clone().into_bytes();
     for f in &files {
-        bytes.extend_from_slice(f.to_string_lossy().as_bytes());
-        bytes.extend(fs::read(f).map_err(|e| format!("reading {}: {e}", f.display()))?);
+        let content = fs::read(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+        let name = f.strip_prefix(&go_dir).unwrap_or(f).to_string_lossy().into_owned();
+        // Lengths first: no two different trees give the same bytes.
+        bytes.extend_from_slice(format!("\n{}:{}:{}\n", name.len(), name, content.len()).as_bytes());
+        bytes.extend(content);
     }
     key.push('-');
     key.push_str(&api::archive::digest(&bytes)["sha256:".len()..][..16]);

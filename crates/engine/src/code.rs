@@ -78,6 +78,7 @@ pub(crate) fn prepare(
             let out = BuildDir::new(code_dir)?;
             let mut reads = vec![code_dir.to_path_buf(), cfg.runtimes_dir.join("go")];
             let mut cmd = Command::new("bash");
+            builds.runner()?; // fails here if the engine has no build sandbox
             if builds.sandboxed() {
                 // A private copy of the trusted seed cache: warm, and
                 // nothing a build writes reaches the next one.

@@ -19,7 +19,7 @@
 use crate::Kind;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -184,15 +184,32 @@ impl Staging {
         mut meta: EntryMeta,
         payload: &str,
     ) -> io::Result<Published> {
+        // The staging directory was written by a build: nothing in it is
+        // followed, and our own files replace whatever it put at their names.
         let payload_dir = self.dir.join(payload);
-        if !payload_dir.is_dir() {
-            fs::create_dir(&payload_dir)?;
+        match fs::symlink_metadata(&payload_dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                fs::remove_file(&payload_dir)?;
+                fs::create_dir(&payload_dir)?;
+            }
+            Err(_) => fs::create_dir(&payload_dir)?,
         }
         meta.size_bytes = disk_usage(&self.dir)?;
         set_read_only(&payload_dir)?;
         let json = serde_json::to_vec_pretty(&meta).map_err(io::Error::other)?;
-        fs::write(self.dir.join(META_FILE), json)?;
-        File::create(self.dir.join(USED_MARKER))?;
+        for name in [META_FILE, USED_MARKER] {
+            let p = self.dir.join(name);
+            if fs::symlink_metadata(&p).is_ok() {
+                remove_tree(&p)?;
+            }
+        }
+        let create = |name: &str| {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(self.dir.join(name))
+        };
+        create(META_FILE)?.write_all(&json)?;
+        create(USED_MARKER)?;
         match fs::rename(&self.dir, layout.entry_dir(id)) {
             Ok(()) => {
                 self.published = true;

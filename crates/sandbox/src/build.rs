@@ -10,8 +10,9 @@
 //! * one writable output directory, backed by a size-limited tmpfs that is
 //!   never attached on the host: the engine fills it through the detached
 //!   mount's fd, and copies the result out after every process of the
-//!   build is dead, keeping only files, directories and symlinks that stay
-//!   inside the output (nothing can race the copy, nothing points out);
+//!   build is dead (checked), keeping only files, directories and symlinks
+//!   that resolve inside the output through its own links, within a byte
+//!   budget (nothing can race the copy, nothing points out);
 //! * a network namespace that reaches only the allow-list proxy
 //!   ([`crate::proxy`]): package indexes, nothing on the host;
 //! * a time limit, after which everything in it is killed.
@@ -151,6 +152,9 @@ impl Builder {
     /// (`b` for `s`), directory and uids below the functions'. Removes what
     /// a dead engine's builds left behind, then starts the proxy.
     pub fn new(functions: &Settings, cfg: BuildConfig) -> Result<Builder, String> {
+        if functions.uid_base < 20_000 {
+            return Err(format!("uid base {} leaves no room for build users below it", functions.uid_base));
+        }
         let tail = &functions.prefix[functions.prefix.len().saturating_sub(netns::PREFIX_LEN_MAX - 1)..];
         let prefix = format!("b{tail}");
         let claim = crate::claim(&prefix)?;
@@ -166,7 +170,8 @@ impl Builder {
             uid_base: functions.uid_base.saturating_sub(10_000),
             tmp_dir: BUILD_TMP.into(),
             tmp_bytes: cfg.tmp_bytes,
-            neutral: Limits { memory_bytes: cfg.memory_bytes, pids: cfg.pids, cpu_shares: None },
+            // A quarter of a function's weight: builds yield to calls.
+            neutral: Limits { memory_bytes: cfg.memory_bytes, pids: cfg.pids, cpu_shares: Some(256) },
             pool_size: 0,
             warm_python: None,
         };
@@ -214,7 +219,8 @@ impl Builder {
         let prepared = (|| -> io::Result<()> {
             fs::create_dir(&out)?;
             if let Some(dir) = &job.output {
-                copy_tree(dir, &out, &mut 0, 0)?;
+                let mut budget = Budget { entries: OUTPUT_ENTRIES_MAX, bytes: self.cfg.output_bytes };
+                copy_tree(dir, dir, &out, &mut budget, 0)?;
             }
             chown_tree(&out, uid)?;
             File::create(&log)?;
@@ -225,10 +231,15 @@ impl Builder {
         let container = Container::create(&self.settings, Some(&self.nets), index, false).map_err(sandbox)?;
         let result = self.start_and_wait(&container, job, &out, &log);
         container.destroy(&self.settings, Some(&self.nets));
+        // The copy-out below trusts that nothing can change the tree.
+        if !container.pids().is_empty() {
+            return Err(sandbox(format!("processes of build container {} survived its removal", container.id)));
+        }
         let finished = result?;
         if finished.success() {
             if let Some(dir) = &job.output {
-                replace_with_copy(&out, dir).map_err(|e| BuildError::Output(e.to_string()))?;
+                let budget = Budget { entries: OUTPUT_ENTRIES_MAX, bytes: self.cfg.output_bytes };
+                replace_with_copy(&out, dir, budget).map_err(|e| BuildError::Output(e.to_string()))?;
             }
         }
         Ok(finished)
@@ -336,7 +347,7 @@ fn chown_tree(path: &Path, uid: u32) -> io::Result<()> {
 }
 
 /// Empties `dst` and fills it with a sanitized copy of `src`.
-fn replace_with_copy(src: &Path, dst: &Path) -> io::Result<()> {
+fn replace_with_copy(src: &Path, dst: &Path, mut budget: Budget) -> io::Result<()> {
     for e in fs::read_dir(dst)? {
         let p = e?.path();
         if fs::symlink_metadata(&p)?.is_dir() {
@@ -346,8 +357,7 @@ fn replace_with_copy(src: &Path, dst: &Path) -> io::Result<()> {
             fs::remove_file(&p)?;
         }
     }
-    let mut count = 0;
-    copy_tree(src, dst, &mut count, 0)
+    copy_tree(src, src, dst, &mut budget, 0)
 }
 
 fn make_writable(dir: &Path) -> io::Result<()> {
@@ -361,37 +371,49 @@ fn make_writable(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// What a copy-out may still take.
+struct Budget {
+    entries: usize,
+    bytes: u64,
+}
+
 /// Copies the contents of `src` into the existing directory `dst`: files
 /// (owner-writable, readable by all, executable if they were), directories
-/// and symlinks whose target is relative and stays inside the tree; any
-/// other entry (FIFOs, sockets, links out) is left out. Nothing is
-/// followed: `src` must be a tree no process can change meanwhile.
-fn copy_tree(src: &Path, dst: &Path, count: &mut usize, depth: usize) -> io::Result<()> {
+/// and symlinks that resolve inside the tree (following the tree's own
+/// links, as the kernel would); anything else (FIFOs, sockets, links out
+/// or dangling) is left out. Nothing is followed: `src` must be a tree no
+/// process can change meanwhile. `root` is the top of `src`'s tree.
+fn copy_tree(root: &Path, src: &Path, dst: &Path, budget: &mut Budget, depth: usize) -> io::Result<()> {
     if depth > OUTPUT_DEPTH_MAX {
         return Err(io::Error::other(format!("directories nested deeper than {OUTPUT_DEPTH_MAX}")));
     }
     for e in fs::read_dir(src)? {
         let e = e?;
-        *count += 1;
-        if *count > OUTPUT_ENTRIES_MAX {
-            return Err(io::Error::other(format!("more than {OUTPUT_ENTRIES_MAX} entries")));
-        }
+        budget.entries = budget
+            .entries
+            .checked_sub(1)
+            .ok_or_else(|| io::Error::other(format!("more than {OUTPUT_ENTRIES_MAX} entries")))?;
         let (from, to) = (e.path(), dst.join(e.file_name()));
         let meta = fs::symlink_metadata(&from)?;
         let ft = meta.file_type();
         if ft.is_dir() {
             fs::create_dir(&to)?;
-            copy_tree(&from, &to, count, depth + 1)?;
+            copy_tree(root, &from, &to, budget, depth + 1)?;
             fs::set_permissions(&to, fs::Permissions::from_mode(0o755))?;
         } else if ft.is_file() {
-            let mut r = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&from)?;
+            // Counted at its full length: a sparse file is written dense.
+            budget.bytes = budget.bytes.checked_sub(meta.len()).ok_or_else(|| {
+                io::Error::other("more bytes than the output may hold (a sparse or hard-linked file?)")
+            })?;
+            let mut r = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&from)?;
             let mode = if meta.permissions().mode() & 0o111 != 0 { 0o755 } else { 0o644 };
             let mut w = OpenOptions::new().write(true).create_new(true).mode(mode).open(&to)?;
-            io::copy(&mut r, &mut w)?;
+            io::copy(&mut (&mut r).take(meta.len()), &mut w)?;
             fs::set_permissions(&to, fs::Permissions::from_mode(mode))?;
         } else if ft.is_symlink() {
             let target = fs::read_link(&from)?;
-            if stays_inside(&target, depth) {
+            let at = from.parent().and_then(|p| p.strip_prefix(root).ok()).unwrap_or(Path::new(""));
+            if resolves_inside(root, at, &target) {
                 std::os::unix::fs::symlink(&target, &to)?;
             } else {
                 log::warn!("build output: left out the link {} -> {}", to.display(), target.display());
@@ -401,22 +423,48 @@ fn copy_tree(src: &Path, dst: &Path, count: &mut usize, depth: usize) -> io::Res
     Ok(())
 }
 
-/// Whether a link at `depth` directories below the root, with this target,
-/// points inside the root (judged on the text alone).
-fn stays_inside(target: &Path, depth: usize) -> bool {
-    let mut level = depth as isize;
-    for c in target.components() {
-        match c {
-            Component::Normal(_) => level += 1,
-            Component::CurDir => {}
-            Component::ParentDir => {
-                level -= 1;
-                if level < 0 {
-                    return false;
-                }
+/// Whether a link in directory `at` (relative to `root`) with this target
+/// resolves to an existing entry inside `root`, following the tree's own
+/// links the way the kernel would (at most 40 of them), never leaving it.
+fn resolves_inside(root: &Path, at: &Path, target: &Path) -> bool {
+    use std::ffi::OsString;
+    // Components still to walk, last first: None is "..".
+    fn parts(p: &Path) -> Option<Vec<Option<OsString>>> {
+        let mut out = Vec::new();
+        for c in p.components() {
+            match c {
+                Component::Normal(n) => out.push(Some(n.to_owned())),
+                Component::ParentDir => out.push(None),
+                Component::CurDir => {}
+                Component::RootDir | Component::Prefix(_) => return None,
             }
-            Component::RootDir | Component::Prefix(_) => return false,
         }
+        out.reverse();
+        Some(out)
+    }
+    let Some(mut todo) = parts(target) else { return false };
+    let mut here: Vec<OsString> = at.components().map(|c| c.as_os_str().to_owned()).collect();
+    let mut hops = 0;
+    while let Some(part) = todo.pop() {
+        let Some(name) = part else {
+            if here.pop().is_none() {
+                return false;
+            }
+            continue;
+        };
+        let mut path = root.to_path_buf();
+        path.extend(&here);
+        path.push(&name);
+        let Ok(meta) = fs::symlink_metadata(&path) else { return false };
+        if !meta.file_type().is_symlink() {
+            here.push(name);
+            continue;
+        }
+        hops += 1;
+        let Some(next) = fs::read_link(&path).ok().filter(|_| hops <= 40).and_then(|t| parts(&t)) else {
+            return false;
+        };
+        todo.extend(next);
     }
     true
 }
@@ -424,16 +472,6 @@ fn stays_inside(target: &Path, depth: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn links_must_stay_inside() {
-        assert!(stays_inside(Path::new("a/b"), 0));
-        assert!(stays_inside(Path::new("../x"), 1));
-        assert!(!stays_inside(Path::new("../x"), 0));
-        assert!(!stays_inside(Path::new("../../etc/shadow"), 1));
-        assert!(!stays_inside(Path::new("/etc/shadow"), 3));
-        assert!(stays_inside(Path::new("./../../b"), 2));
-    }
 
     #[test]
     fn visible_paths_drop_nested_and_relative_ones() {
@@ -459,14 +497,27 @@ mod tests {
         std::os::unix::fs::symlink("../../x", src.join("d/up")).unwrap();
         ipc::mkfifo(&src.join("fifo")).unwrap();
         fs::write(dst.join("old"), b"y").unwrap();
-        replace_with_copy(&src, &dst).unwrap();
+        std::os::unix::fs::symlink(".", src.join("d/s")).unwrap();
+        // Text alone says "inside"; through the link `s` it climbs out.
+        std::os::unix::fs::symlink("s/s/s/s/../../../../etc/passwd", src.join("d/climb")).unwrap();
+        std::os::unix::fs::symlink("../d/in", src.join("d/back")).unwrap();
+        std::os::unix::fs::symlink("loop", src.join("loop")).unwrap();
+        let budget = || Budget { entries: 100, bytes: 1 << 20 };
+        replace_with_copy(&src, &dst, budget()).unwrap();
         assert!(!dst.join("old").exists());
         assert_eq!(fs::read(dst.join("d/f")).unwrap(), b"x");
         assert_eq!(fs::metadata(dst.join("d/f")).unwrap().permissions().mode() & 0o7777, 0o755);
         assert_eq!(fs::read_link(dst.join("d/in")).unwrap(), Path::new("f"));
-        for gone in ["d/abs", "d/up", "fifo"] {
+        assert_eq!(fs::read_link(dst.join("d/back")).unwrap(), Path::new("../d/in"));
+        assert_eq!(fs::read_link(dst.join("d/s")).unwrap(), Path::new("."));
+        for gone in ["d/abs", "d/up", "fifo", "d/climb", "loop"] {
             assert!(fs::symlink_metadata(dst.join(gone)).is_err(), "{gone}");
         }
+        // A sparse file larger than the budget is refused, not written dense.
+        let big = File::create(src.join("sparse")).unwrap();
+        big.set_len(2 << 20).unwrap();
+        let err = replace_with_copy(&src, &dst, budget()).unwrap_err();
+        assert!(err.to_string().contains("more bytes"), "{err}");
         fs::remove_dir_all(tmp).unwrap();
     }
 }

@@ -25,8 +25,11 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// A tunnel with no byte either way for this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
-/// Ports a tunnel may go to: HTTPS, and HTTP for indexes that use it.
-const PORTS: [u16; 2] = [443, 80];
+/// Ports a tunnel may go to: HTTPS only (a plain-HTTP tunnel to a CDN
+/// edge could name any site in its Host header).
+const PORTS: [u16; 1] = [443];
+/// Tunnels one client address (one build) may hold at once.
+const TUNNELS_PER_CLIENT_MAX: usize = 32;
 
 /// Host names pip, npm and Go need with their default settings.
 pub const DEFAULT_HOSTS: [&str; 5] =
@@ -105,21 +108,29 @@ fn public_v4(ip: Ipv4Addr) -> bool {
         || ip.is_unspecified()
         || a == 0
         || (a == 100 && (64..128).contains(&b))
+        || (a == 198 && (18..20).contains(&b))
+        || (a == 192 && b == 0 && ip.octets()[2] == 0)
         || a >= 240)
 }
 
 fn public_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
+    let seg = ip.segments();
     !(ip.is_loopback()
         || ip.is_unspecified()
         || ip.is_multicast()
-        || (first & 0xfe00) == 0xfc00 // unique local
-        || (first & 0xffc0) == 0xfe80) // link-local
+        || (seg[0] & 0xfe00) == 0xfc00 // unique local
+        || (seg[0] & 0xffc0) == 0xfe80 // link-local
+        || (seg[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
+        || seg[..6] == [0; 6] // IPv4-compatible ::/96
+        || (seg[0] == 0x64 && seg[1] == 0xff9b) // NAT64 (64:ff9b::/96, 64:ff9b:1::/48)
+        || seg[0] == 0x2002 // 6to4: embeds an IPv4 address
+        || (seg[0] == 0x2001 && seg[1] == 0)) // Teredo
 }
 
 struct Shared {
     allow: Vec<HostRule>,
     tunnels: AtomicUsize,
+    per_client: std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>,
 }
 
 /// A running proxy; it stops with the process.
@@ -132,7 +143,7 @@ impl Proxy {
     pub fn start(allow: Vec<HostRule>) -> io::Result<Proxy> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
         let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared { allow, tunnels: AtomicUsize::new(0) });
+        let shared = Arc::new(Shared { allow, tunnels: AtomicUsize::new(0), per_client: Default::default() });
         std::thread::Builder::new().name("build-proxy".into()).spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
@@ -142,15 +153,40 @@ impl Proxy {
                     let _ = refuse(&conn, 503, "too many tunnels open at once");
                     continue;
                 }
-                let spawned = std::thread::Builder::new().name("build-tunnel".into()).spawn({
+                let client = conn.peer_addr().map(|a| a.ip()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+                let release = {
                     let shared = shared.clone();
                     move || {
-                        serve(&shared, conn);
                         shared.tunnels.fetch_sub(1, Ordering::AcqRel);
+                        let mut per = shared.per_client.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(n) = per.get_mut(&client) {
+                            *n -= 1;
+                            if *n == 0 {
+                                per.remove(&client);
+                            }
+                        }
+                    }
+                };
+                let held = {
+                    let mut per = shared.per_client.lock().unwrap_or_else(|p| p.into_inner());
+                    let n = per.entry(client).or_insert(0);
+                    *n += 1;
+                    *n
+                };
+                if held > TUNNELS_PER_CLIENT_MAX {
+                    let _ = refuse(&conn, 503, "too many tunnels open from this build");
+                    release();
+                    continue;
+                }
+                let spawned = std::thread::Builder::new().name("build-tunnel".into()).spawn({
+                    let (shared, release) = (shared.clone(), release.clone());
+                    move || {
+                        serve(&shared, conn);
+                        release();
                     }
                 });
                 if spawned.is_err() {
-                    shared.tunnels.fetch_sub(1, Ordering::AcqRel);
+                    release();
                 }
             }
         })?;
@@ -184,11 +220,17 @@ fn refuse(mut conn: &TcpStream, status: u16, why: &str) -> io::Result<()> {
 fn read_head(mut conn: &TcpStream) -> Result<String, String> {
     let mut head = Vec::with_capacity(256);
     let mut byte = [0u8; 1];
+    let deadline = std::time::Instant::now() + HEAD_TIMEOUT;
     // Byte by byte: nothing after the head may be consumed (it belongs to
     // the tunnel), and a head is a few hundred bytes.
     while !head.ends_with(b"\r\n\r\n") && !head.ends_with(b"\n\n") {
         if head.len() >= HEAD_LEN_MAX {
             return Err(format!("request head longer than {HEAD_LEN_MAX} bytes"));
+        }
+        // One deadline for the whole head, not one per byte.
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
+            return Err("request head not sent in time".into());
         }
         match conn.read(&mut byte) {
             Ok(1) => head.push(byte[0]),
@@ -243,7 +285,7 @@ fn serve(shared: &Shared, conn: TcpStream) {
         }
     };
     if !PORTS.contains(&port) {
-        let _ = refuse(&conn, 403, &format!("port {port} is not allowed (only 443 and 80)"));
+        let _ = refuse(&conn, 403, &format!("port {port} is not allowed (only 443)"));
         return;
     }
     if !shared.allow.iter().any(|r| r.matches(&host)) {
@@ -286,6 +328,7 @@ fn connect(host: &str, port: u16) -> Result<TcpStream, (u16, String)> {
 fn splice(client: TcpStream, upstream: TcpStream) {
     for s in [&client, &upstream] {
         let _ = s.set_read_timeout(Some(IDLE_TIMEOUT));
+        let _ = s.set_write_timeout(Some(IDLE_TIMEOUT));
     }
     let (Ok(client2), Ok(upstream2)) = (client.try_clone(), upstream.try_clone()) else { return };
     let up = std::thread::Builder::new().name("build-tunnel-up".into()).spawn(move || pump(client2, upstream2));
@@ -392,8 +435,8 @@ mod tests {
         assert!(off.contains("example.org is not on the allow list"), "{off}");
         let local = ask(&proxy, b"CONNECT localhost:443 HTTP/1.1\r\n\r\n");
         assert!(local.starts_with("HTTP/1.1 403") && local.contains("not a public address"), "{local}");
-        let port = ask(&proxy, b"CONNECT localhost:22 HTTP/1.1\r\n\r\n");
-        assert!(port.starts_with("HTTP/1.1 403") && port.contains("port 22"), "{port}");
+        let port = ask(&proxy, b"CONNECT localhost:80 HTTP/1.1\r\n\r\n");
+        assert!(port.starts_with("HTTP/1.1 403") && port.contains("port 80"), "{port}");
         let get = ask(&proxy, b"GET http://localhost/ HTTP/1.1\r\n\r\n");
         assert!(get.starts_with("HTTP/1.1 405"), "{get}");
         let long = ask(&proxy, &[b'a'; HEAD_LEN_MAX + 10]);
