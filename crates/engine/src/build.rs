@@ -261,14 +261,14 @@ fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf, String> {
         if !out.status.success() {
             return Err(format!("building the Go seed failed: {}", String::from_utf8_lossy(&out.stderr)));
         }
-        open_up(&tmp.join("gocache")).map_err(|e| format!("making the Go seed readable: {e}"))?;
+        chmod_tree(&tmp.join("gocache"), Some(0o644)).map_err(|e| format!("making the Go seed readable: {e}"))?;
         match fs::rename(tmp.join("gocache"), &seed) {
             // Another engine made it first.
             Err(_) if seed.is_dir() => Ok(()),
             r => r.map_err(|e| format!("publishing {}: {e}", seed.display())),
         }
     })();
-    let _ = make_removable(&tmp).and_then(|()| fs::remove_dir_all(&tmp));
+    let _ = chmod_tree(&tmp, None).and_then(|()| fs::remove_dir_all(&tmp));
     made.map(|()| seed)
 }
 
@@ -279,7 +279,7 @@ fn sweep_dead_tmp(seed_root: &Path) {
         let name = e.file_name().to_string_lossy().into_owned();
         let pid = name.strip_prefix("tmp-").and_then(|r| r.split('-').next()).and_then(|p| p.parse::<u32>().ok());
         if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {
-            let _ = make_removable(&e.path()).and_then(|()| fs::remove_dir_all(e.path()));
+            let _ = chmod_tree(&e.path(), None).and_then(|()| fs::remove_dir_all(e.path()));
         }
     }
 }
@@ -304,30 +304,18 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) -> io::Result<()> {
     Ok(())
 }
 
-/// World-readable (the builds' users differ from root).
-fn open_up(p: &Path) -> io::Result<()> {
+/// Sets every directory below `p` to 0755 (so Go's read-only module cache
+/// can be removed) and, with `files`, every file to that mode.
+fn chmod_tree(p: &Path, files: Option<u32>) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let meta = fs::symlink_metadata(p)?;
     if meta.is_dir() {
         fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
         for e in fs::read_dir(p)? {
-            open_up(&e?.path())?;
+            chmod_tree(&e?.path(), files)?;
         }
-    } else if meta.is_file() {
-        fs::set_permissions(p, fs::Permissions::from_mode(0o644))?;
-    }
-    Ok(())
-}
-
-/// Go's module cache is read-only; a removal needs write permission back.
-fn make_removable(p: &Path) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = fs::symlink_metadata(p)?;
-    if meta.is_dir() {
-        fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
-        for e in fs::read_dir(p)? {
-            make_removable(&e?.path())?;
-        }
+    } else if let Some(mode) = files.filter(|_| meta.is_file()) {
+        fs::set_permissions(p, fs::Permissions::from_mode(mode))?;
     }
     Ok(())
 }
