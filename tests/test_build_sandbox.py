@@ -99,6 +99,15 @@ def _check_contained(results, host, output):
     assert "HOST-SECRET-7d41" not in output
 
 
+def _deploy_attack(srv, tmp_path, host, name, runtime):
+    """Deploys tmp_path/fn, whose build runs the attack: the deploy fails,
+    and the attack's report shows it was contained."""
+    p = _deploy(srv, tmp_path, name, runtime, "fn")
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    _check_contained(_attack_results(out), host, out)
+
+
 def _not_found(text):
     return "No such file" in text or "file not found" in text
 
@@ -122,10 +131,7 @@ def test_a_pep517_build_backend_runs_contained(srv, tmp_path, host):
     attack = PY_ATTACK.replace("SECRET", repr(str(host["secret"]))).replace(
         "MARKER", repr(str(host["marker"]))).replace("PORT", str(host["port"]))
     (pkg / "backend.py").write_text(attack)
-    p = _deploy(srv, tmp_path, "evil-pep517", "python", "fn")
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out
-    _check_contained(_attack_results(out), host, out)
+    _deploy_attack(srv, tmp_path, host, "evil-pep517", "python")
 
 
 def test_npm_install_scripts_run_contained(srv, tmp_path, host):
@@ -157,10 +163,7 @@ console.error('ATTACK ' + Object.entries(r).map(([k, v]) => k + '=' + v).join(' 
 process.exit(3);
 """
     (src / ".npmrc").write_text("node-options=--import=data:text/javascript," + urllib.parse.quote(js) + "\n")
-    p = _deploy(srv, tmp_path, "evil-npm", "node", "fn")
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out
-    _check_contained(_attack_results(out), host, out)
+    _deploy_attack(srv, tmp_path, host, "evil-npm", "node")
 
 
 def test_c_incbin_cannot_read_host_files(srv, tmp_path, host):

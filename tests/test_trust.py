@@ -376,14 +376,20 @@ def test_numbers_are_bounded_by_what_a_host_has(srv, tmp_path):
 # ---------------------------------------------------------------- one call's crash
 
 
-def test_sys_exit_fails_only_its_own_call(srv):
+def _exit_beside_neighbours(srv, function, says):
+    """Three calls run while a fourth exits the process its own way: only
+    the fourth fails, with a message naming the exit."""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(4) as ex:
-        ok = [ex.submit(srv.invoke, "neighbours", b"ok%d" % i) for i in range(3)]
+        ok = [ex.submit(srv.invoke, function, b"ok%d" % i) for i in range(3)]
         time.sleep(0.05)
-        bad = ex.submit(srv.invoke, "neighbours", b"exit")
+        bad = ex.submit(srv.invoke, function, b"exit")
         assert [ok_body(f.result()) for f in ok] == [b"ok0", b"ok1", b"ok2"]
-        check_error(bad.result(), 500, "function_error", in_message="sys.exit(3)")
+        check_error(bad.result(), 500, "function_error", in_message=says)
+
+
+def test_sys_exit_fails_only_its_own_call(srv):
+    _exit_beside_neighbours(srv, "neighbours", "sys.exit(3)")
     # Again and again: never mistaken for a launcher that cannot start.
     for _ in range(5):
         check_error(srv.invoke("neighbours", b"exit"), 500, "function_error")
@@ -576,13 +582,7 @@ def test_files_a_function_writes_to_its_ipc_dir_count_and_go(srv, tmp_path):
 
 
 def test_process_exit_in_node_fails_only_its_own_call(srv):
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(4) as ex:
-        ok = [ex.submit(srv.invoke, "neighbours-node", b"ok%d" % i) for i in range(3)]
-        time.sleep(0.05)
-        bad = ex.submit(srv.invoke, "neighbours-node", b"exit")
-        assert [ok_body(f.result()) for f in ok] == [b"ok0", b"ok1", b"ok2"]
-        check_error(bad.result(), 500, "function_error", in_message="process.exit(3)")
+    _exit_beside_neighbours(srv, "neighbours-node", "process.exit(3)")
 
 
 def _leftovers(prefix):
