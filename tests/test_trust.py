@@ -475,12 +475,15 @@ def test_dead_and_idle_connections_are_bounded(tmp_path):
         # Fill the gateway with idle connections.
         idle = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(60)]
         try:
+            # Each gateway thread accepts from its own listener: wait until
+            # the count is full before calling (it stays full until the idle
+            # timeout), or the call may be accepted ahead of the idle ones.
+            assert wait_for(lambda: "the limit (--max-connections)" in s.log_path.read_text(), timeout=2)
             r = s.invoke("echo", b"x")
             check_error(r, 503, "overloaded", in_message="--max-connections", call_id=False)
             # Management still gets through.
             assert s.get("/system/functions/echo").status == 200
             assert request(s.port, "GET", "/healthz").status == 200
-            assert "the limit (--max-connections)" in s.log_path.read_text()
             # The idle ones are closed at the timeout, and calls flow again.
             assert all(_closed_within(c, 10) for c in idle)
             assert ok_body(wait_for(lambda: (lambda r: r if r.status == 200 else None)(s.invoke("echo", b"y")),
