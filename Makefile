@@ -2,7 +2,7 @@
 # Toolchains installed outside the default PATH on Debian images.
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/.cargo/bin
 
-.PHONY: setup build demo test test-unit test-runtimes test-integration bench lint fmt clean
+.PHONY: setup build demo test test-unit test-runtimes test-integration fuzz bench lint fmt clean
 
 setup:
 	@scripts/setup.sh
@@ -25,6 +25,12 @@ test: setup
 	cd runtimes/go && go test ./...
 	python3 -m pytest -q tests
 	python3 -m pytest -q conformance
+	scripts/fuzz.sh 15
+
+## Every fuzz target for longer (FUZZ_SECONDS each, default 300); see fuzz/README.md.
+FUZZ_SECONDS ?= 300
+fuzz: setup
+	scripts/fuzz.sh $(FUZZ_SECONDS)
 
 test-integration: setup
 	python3 -m pytest -q tests

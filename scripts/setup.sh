@@ -36,6 +36,13 @@ python3 -c 'import numpy, matplotlib' >/dev/null 2>&1 || { echo "==> pip install
 # call (BENCHMARKS.md); the runtime falls back to asyncio without it.
 python3 -c 'import uvloop' >/dev/null 2>&1 || { echo "==> pip install uvloop"; python3 -m pip install -q uvloop || echo "warning: uvloop not installed; Python functions use plain asyncio"; }
 
+# The fuzzers (fuzz/, `make fuzz` and a short run in `make test`) build
+# with nightly Rust and cargo-fuzz.
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  echo "==> rustup toolchain install nightly"; rustup toolchain install nightly --profile minimal >/dev/null
+fi
+command -v cargo-fuzz >/dev/null 2>&1 || { echo "==> cargo install cargo-fuzz"; cargo install -q --locked cargo-fuzz; }
+
 echo "==> building the Rust workspace (release)"
 cargo build --release --quiet
 echo "==> building the C runtime"

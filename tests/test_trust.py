@@ -584,6 +584,44 @@ def test_files_a_function_writes_to_its_ipc_dir_count_and_go(srv, tmp_path):
                             timeout=10)) == b"ok"
 
 
+CHATTY = """
+import sys
+
+
+def handle(ctx, data):
+    chunk = b"y" * ((1 << 20) - 1) + b"\\n"
+    for _ in range(int(data)):
+        sys.stdout.buffer.write(chunk)
+    sys.stdout.flush()
+    return b"printed " + data + b" MiB"
+"""
+
+
+def test_a_function_cannot_fill_the_disk_with_its_log(srv, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    d = tmp_path / "chatty"
+    d.mkdir()
+    (d / "chatty.py").write_text(CHATTY)
+    (d / "staccato.yml").write_text("functions:\n  chatty:\n    runtime: python\n    handler: chatty:handle\n")
+    srv.deploy(d)
+    log = srv.state_dir / "engine" / "logs" / "chatty.log"
+    rotated = log.with_name("chatty.log.1")
+    with ThreadPoolExecutor(4) as ex:
+        chatty = [ex.submit(srv.invoke, "chatty", b"100", timeout=60) for _ in range(2)]
+        echoes = [ex.submit(srv.invoke, "echo", b"e%d" % i, timeout=30) for i in range(40)]
+        assert [ok_body(f.result()) for f in echoes] == [b"e%d" % i for i in range(40)]
+        assert [ok_body(f.result()) for f in chatty] == [b"printed 100 MiB"] * 2
+    # The drain says what it dropped at the next second.
+    assert wait_for(lambda: "bytes of output dropped" in log.read_text(errors="replace"), timeout=5)
+    on_disk = log.stat().st_size + (rotated.stat().st_size if rotated.exists() else 0)
+    assert on_disk <= 20 << 20, on_disk  # 10 MiB and one rotated file, at 1 MiB/s
+    assert on_disk < 10 << 20  # at 1 MiB/s, the few seconds this took
+    # What it prints afterwards, at a sane rate, is kept; `staccato logs` shows it.
+    assert ok_body(srv.invoke("chatty", b"0")) == b"printed 0 MiB"
+    p = srv.cli("logs", "chatty", "--state-dir", srv.state_dir, "--lines", "3")
+    assert p.returncode == 0 and "bytes of output dropped: more than 1048576 bytes in a second" in p.stdout, p
+
+
 def test_process_exit_in_node_fails_only_its_own_call(srv):
     _exit_beside_neighbours(srv, "neighbours-node", "process.exit(3)")
 

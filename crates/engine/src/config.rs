@@ -52,6 +52,8 @@ pub struct EngineConfig {
     /// Where sandboxed Go builds' seed caches are kept (see build::go_seed):
     /// shared by every engine of the machine, written by root only.
     pub build_seed_dir: PathBuf,
+    /// Each function's log: its size before rotation and its rate.
+    pub log_caps: sandbox::logs::Caps,
 }
 
 /// Container isolation (Nuka §III): the pool's settings and the reuse rule.
@@ -106,6 +108,7 @@ impl EngineConfig {
             } else {
                 state_dir.join("go-seed")
             },
+            log_caps: sandbox::logs::Caps::DEFAULT,
         }
     }
 

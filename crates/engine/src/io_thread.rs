@@ -267,13 +267,13 @@ impl IoThread {
             }
             if never_ready {
                 core.launcher.failed_at = Some(std::time::Instant::now());
-                core.launcher.last_error = crate::supervisor::log_tail(&func.log_path);
+                core.launcher.last_error = crate::supervisor::log_tail(&func.log);
             } else if core.launcher.quick_crashes >= crate::shared::CRASH_LOOP_AFTER {
                 core.launcher.failed_at = Some(std::time::Instant::now());
                 core.launcher.last_error = format!(
                     "it keeps exiting right after it starts ({} times in a row); its log:\n{}",
                     core.launcher.quick_crashes,
-                    crate::supervisor::log_tail(&func.log_path)
+                    crate::supervisor::log_tail(&func.log)
                 );
             }
             core.launcher.ready_at = None;
@@ -531,22 +531,19 @@ impl IoThread {
         }
         let mut frames = Vec::new();
         let mut off = 0;
-        while c.rbuf.len() - off >= FRAME_HEADER_LEN {
-            let hb: &[u8; FRAME_HEADER_LEN] = c.rbuf[off..off + FRAME_HEADER_LEN].try_into().expect("32 bytes");
-            let fh = match FrameHeader::decode(hb) {
-                Ok(fh) => fh,
+        loop {
+            match wire::frame::next_frame(&c.rbuf[off..]) {
+                Ok(Some((fh, end))) => {
+                    frames.push((fh, c.rbuf[off + FRAME_HEADER_LEN..off + end].to_vec()));
+                    off += end;
+                }
+                Ok(None) => break,
                 Err(e) => {
                     log::error!("gateway connection: {e}; closing it");
                     closed = true;
                     break;
                 }
-            };
-            let end = off + FRAME_HEADER_LEN + fh.body_len as usize;
-            if c.rbuf.len() < end {
-                break;
             }
-            frames.push((fh, c.rbuf[off + FRAME_HEADER_LEN..end].to_vec()));
-            off = end;
         }
         c.rbuf.drain(..off);
         for (fh, body) in frames {
@@ -562,8 +559,8 @@ impl IoThread {
             log::warn!("unexpected {:?} frame on a data connection", fh.kind);
             return;
         }
-        let name_len = (fh.b as usize).min(body.len());
-        let name = String::from_utf8_lossy(&body[..name_len]).into_owned();
+        let (name, input) = wire::frame::call_parts(&fh, &body);
+        let name = String::from_utf8_lossy(name).into_owned();
         let reject = |this: &mut Self, kind: ErrorKind, msg: String| {
             let mut h = FrameHeader::new(FrameKind::Error, fh.call_id, msg.len());
             h.error_kind = kind.code();
@@ -574,7 +571,6 @@ impl IoThread {
         let Some(func) = self.shared.function(&name) else {
             return reject(self, ErrorKind::NotFound, format!("no function named {name:?}"));
         };
-        let input = &body[name_len..];
         let max = self.shared.cfg.payload_len_max;
         if input.len() > max {
             let msg = format!("input of {} bytes exceeds the {max}-byte limit", input.len());

@@ -72,6 +72,11 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         None => None,
     };
     let builds = build::Builds::new(&cfg);
+    // The log FIFOs: beside the functions' IPC directories, never inside one.
+    let fifos = cfg.ipc_dir.join(LOG_FIFOS);
+    std::fs::create_dir_all(&fifos)?;
+    std::fs::set_permissions(&fifos, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    let logs = sandbox::logs::Logs::start("engine-logs")?;
     let (sup_tx, sup_rx) = mpsc::channel();
     let shared = Arc::new(Shared {
         cpus,
@@ -86,6 +91,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         pool: pool.clone(),
         memory_total_bytes: memory_total_bytes(),
         builds,
+        logs,
     });
     shared.builds.prepare_go(&shared.cfg);
     for (i, poll) in polls.into_iter().enumerate() {
@@ -100,6 +106,10 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
     std::thread::Builder::new().name("engine-accept".into()).spawn(move || accept_loop(s, listener))?;
     Ok(Engine { addr, pool })
 }
+
+/// The directory of the functions' log FIFOs in the IPC directory (a
+/// function name never starts with a dot).
+pub(crate) const LOG_FIFOS: &str = ".logs";
 
 /// Connections still in their handshake at once; more are closed at once,
 /// so unauthenticated peers cannot tie up threads without bound.

@@ -30,7 +30,8 @@ pub(crate) struct Function {
     pub code_dir: PathBuf,
     /// Its dependencies in the package cache.
     pub deps: crate::code::Deps,
-    pub log_path: PathBuf,
+    /// Its stdout and stderr (one stream per name, shared by generations).
+    pub log: Arc<sandbox::logs::Stream>,
     pub core: Mutex<FnCore>,
 }
 
@@ -216,6 +217,8 @@ pub(crate) struct Shared {
     pub memory_total_bytes: u64,
     /// Where deploy-time builds run.
     pub builds: Arc<crate::build::Builds>,
+    /// Drains the functions' output into capped logs.
+    pub logs: sandbox::logs::Logs,
 }
 
 /// Locks a mutex, carrying on if a thread panicked while holding it: every

@@ -7,8 +7,7 @@ use crate::shared::{lock, Cmd, FnCore, Function, Launcher, LauncherState, Shared
 use crate::spec::FunctionSpec;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
-use std::path::Path;
+use std::fs::{self, File};
 use std::process::{Child, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -17,7 +16,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use wire::ErrorKind;
 
 pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
-    let mut sup = Supervisor { shared, children: Vec::new(), contained: Vec::new(), draining: Vec::new() };
+    let mut sup =
+        Supervisor { shared, children: Vec::new(), contained: Vec::new(), draining: Vec::new(), logs: HashMap::new() };
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
@@ -41,6 +41,8 @@ struct Supervisor {
     contained: Vec<(Arc<sandbox::Container>, u32, Arc<Function>)>,
     /// Removed or replaced functions finishing the calls they were running.
     draining: Vec<Draining>,
+    /// Each function's log stream, while a generation of it lives.
+    logs: HashMap<String, std::sync::Weak<sandbox::logs::Stream>>,
 }
 
 /// A retired function whose running calls may still finish.
@@ -88,7 +90,8 @@ impl Supervisor {
                 spec.source
             ));
         }
-        let cfg = &self.shared.cfg;
+        let shared = self.shared.clone();
+        let cfg = &shared.cfg;
         let generation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
         let fn_state = cfg.state_dir.join("functions").join(&spec.name);
         let code_dir = fn_state.join(format!("{generation}"));
@@ -108,11 +111,10 @@ impl Supervisor {
                 Err(e) => log::warn!("package cache eviction: {e}"),
             }
         }
-        let logs = cfg.state_dir.join("logs");
-        fs::create_dir_all(&logs).map_err(|e| format!("creating {}: {e}", logs.display()))?;
+        let log = self.log_stream(&spec.name)?;
         let func = Arc::new(Function {
             dir: cfg.ipc_dir.join(format!("{}.{generation}", spec.name)),
-            log_path: logs.join(format!("{}.log", spec.name)),
+            log,
             code_dir,
             deps,
             core: Mutex::new(FnCore {
@@ -147,6 +149,27 @@ impl Supervisor {
         Ok(json!({ "name": func.spec.name, "notes": func.deps.summary }))
     }
 
+    /// The log of function `name`: the live one if a generation of it
+    /// still runs (a redeploy's old calls and new ones share it), else a
+    /// fresh FIFO drained into `<state>/logs/<name>.log`.
+    fn log_stream(&mut self, name: &str) -> Result<Arc<sandbox::logs::Stream>, String> {
+        self.logs.retain(|_, s| s.strong_count() > 0);
+        if let Some(s) = self.logs.get(name).and_then(std::sync::Weak::upgrade) {
+            return Ok(s);
+        }
+        let cfg = &self.shared.cfg;
+        let dir = cfg.state_dir.join("logs");
+        fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let fifo = cfg.ipc_dir.join(crate::LOG_FIFOS).join(name);
+        let s = self
+            .shared
+            .logs
+            .open(&fifo, &dir.join(format!("{name}.log")), cfg.log_caps)
+            .map_err(|e| format!("making the log of {name}: {e}"))?;
+        self.logs.insert(name.to_string(), Arc::downgrade(&s));
+        Ok(s)
+    }
+
     fn wait_ready(&mut self, func: &Function) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.launcher_ready_timeout_ms);
         loop {
@@ -164,7 +187,7 @@ impl Supervisor {
                         "function {} did not start within {} ms; its log:\n{}",
                         func.spec.name,
                         self.shared.cfg.launcher_ready_timeout_ms,
-                        log_tail(&func.log_path)
+                        log_tail(&func.log)
                     ));
                 }
                 LauncherState::Starting => {
@@ -322,11 +345,7 @@ impl Supervisor {
         if let (Some(pool), Some(cc)) = (self.shared.pool.clone(), cfg.containers.clone()) {
             return self.spawn_in_container(f, ch, pool, &cc);
         }
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&f.log_path)
-            .map_err(|e| format!("opening {}: {e}", f.log_path.display()))?;
+        let writer = || f.log.writer().map_err(|e| format!("opening {}: {e}", f.log.fifo().display()));
         let view = crate::code::View::host(cfg, &f.code_dir, &f.deps);
         let mut cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
         cmd.envs(&f.spec.env)
@@ -335,8 +354,8 @@ impl Supervisor {
             .env("STACCATO_PAYLOAD_MAX", cfg.payload_len_max.to_string())
             .env("STACCATO_SPIN_US", cfg.worker_spin_us_for(f.spec.runtime, self.shared.cpus.len()).to_string())
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log);
+            .stdout(writer()?)
+            .stderr(writer()?);
         ipc::kill_child_with_parent(&mut cmd);
         let child = cmd.spawn().map_err(|e| format!("running {:?}: {e}", cmd.get_program()))?;
         let pid = child.id();
@@ -366,11 +385,6 @@ impl Supervisor {
         let cfg = &self.shared.cfg;
         let c = pool.take(f.spec.runtime == crate::spec::Runtime::Python)?;
         let start = (|| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&f.log_path)
-                .map_err(|e| format!("opening {}: {e}", f.log_path.display()))?;
             for d in [f.dir.clone(), f.dir.join("shm")] {
                 std::os::unix::fs::chown(&d, Some(c.uid), Some(c.uid))
                     .map_err(|e| format!("chown {}: {e}", d.display()))?;
@@ -407,7 +421,7 @@ impl Supervisor {
             let limits =
                 sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: f.spec.cpu_shares };
             let python = f.spec.runtime == crate::spec::Runtime::Python;
-            let log = f.log_path.clone();
+            let log = f.log.fifo().to_path_buf();
             let s = sandbox::Start { mounts, limits, argv, env, cwd: CONTAINER_CODE.into(), log, python };
             c.start(&s)
         })();
@@ -473,7 +487,7 @@ impl Supervisor {
             core.launcher.tx = None;
             core.launcher.pid = 0;
             core.launcher.failed_at = Some(Instant::now());
-            core.launcher.last_error = log_tail(&f.log_path);
+            core.launcher.last_error = log_tail(&f.log);
             if let (Some(c), Some(pool)) = (core.launcher.container.take(), &self.shared.pool) {
                 pool.give_back(c, true);
             }
@@ -505,8 +519,9 @@ impl Supervisor {
 }
 
 /// The last lines of a function's log, to explain why it failed.
-pub(crate) fn log_tail(path: &Path) -> String {
-    let text = File::open(path).and_then(|mut f| {
+pub(crate) fn log_tail(log: &sandbox::logs::Stream) -> String {
+    log.drain();
+    let text = File::open(log.path()).and_then(|mut f| {
         use std::io::{Read, Seek, SeekFrom};
         let len = f.metadata()?.len();
         f.seek(SeekFrom::Start(len.saturating_sub(4000)))?;

@@ -185,19 +185,18 @@ impl EngineLink {
                 Err(_) => return,
             }
             let mut off = 0;
-            while buf.len() - off >= FRAME_HEADER_LEN {
-                let hb: &[u8; FRAME_HEADER_LEN] = buf[off..off + FRAME_HEADER_LEN].try_into().expect("32 bytes");
-                let Ok(h) = FrameHeader::decode(hb) else {
-                    log::error!("engine sent a malformed frame; reconnecting");
-                    return;
-                };
-                let end = off + FRAME_HEADER_LEN + h.body_len as usize;
-                if buf.len() < end {
-                    break;
+            loop {
+                match wire::frame::next_frame(&buf[off..]) {
+                    Ok(Some((h, end))) => {
+                        self.on_frame(h, Bytes::copy_from_slice(&buf[off + FRAME_HEADER_LEN..off + end]));
+                        off += end;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        log::error!("engine sent a malformed frame ({e}); reconnecting");
+                        return;
+                    }
                 }
-                let body = Bytes::copy_from_slice(&buf[off + FRAME_HEADER_LEN..end]);
-                self.on_frame(h, body);
-                off = end;
             }
             buf.drain(..off);
         }

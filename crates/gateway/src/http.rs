@@ -8,12 +8,12 @@
 //! type no HTML form can (so a cross-site form cannot post one).
 
 use crate::engine_link::Reply;
+use crate::inputs;
 use crate::{GwShared, ThreadState};
-use api::spec::FunctionSpec;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
+use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use std::rc::Rc;
@@ -36,7 +36,7 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
     management_only: bool,
 ) -> Resp {
-    if sh.cfg.listen.ip().is_loopback() && !loopback_host(&req) {
+    if sh.cfg.listen.ip().is_loopback() && !inputs::loopback_host(req.headers()) {
         let host =
             req.headers().get(HOST).map_or_else(String::new, |h| String::from_utf8_lossy(h.as_bytes()).into_owned());
         return error_resp(
@@ -79,7 +79,7 @@ pub(crate) async fn handle(
             .body(Full::new(Bytes::from(sh.metrics.render())))
             .expect("static response parts"),
         (_, ["system", ..]) => {
-            if let Some(why) = cross_origin(&req) {
+            if let Some(why) = inputs::cross_origin(req.headers()) {
                 return error_resp(StatusCode::FORBIDDEN, "forbidden", &why, None);
             }
             if !authorized(&sh, &req) {
@@ -93,53 +93,9 @@ pub(crate) async fn handle(
 
 fn authorized(sh: &GwShared, req: &Request<Incoming>) -> bool {
     let Some(token) = sh.cfg.token.as_deref() else { return true };
-    let presented = req.headers().get(hyper::header::AUTHORIZATION).map(|v| v.as_bytes());
-    let presented = presented.and_then(|v| v.strip_prefix(b"Bearer ")).unwrap_or(b"");
+    let presented = inputs::bearer(req.headers());
     // Always compare, so a missing header takes as long as a wrong one.
     api::auth::token_matches(presented, token) && !presented.is_empty()
-}
-
-/// Whether the request names this gateway by a loopback name. A page that
-/// rebinds its own domain to 127.0.0.1 still sends its domain here.
-fn loopback_host(req: &Request<Incoming>) -> bool {
-    let host = match req.headers().get(HOST).map(|h| h.to_str()) {
-        Some(Ok(h)) => h,
-        // HTTP/1.1 requires Host; a request without one is no browser's.
-        None => return true,
-        Some(Err(_)) => return false,
-    };
-    let name = match host.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host
-            .rsplit_once(':')
-            .map_or(host, |(n, port)| if port.bytes().all(|b| b.is_ascii_digit()) { n } else { host }),
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
-/// Why a management request looks like it comes from another site's page
-/// (browsers send `Origin` and `Sec-Fetch-Site`; the CLI and curl do not).
-fn cross_origin(req: &Request<Incoming>) -> Option<String> {
-    let h = req.headers();
-    if let Some(site) = h.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
-        if site != "same-origin" && site != "none" {
-            return Some(format!("management requests from a web page of another site are refused ({site})"));
-        }
-    }
-    let origin = h.get(ORIGIN)?.to_str().unwrap_or("?");
-    let host = h.get(HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let same = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host);
-    (!same).then(|| format!("management requests from another origin ({origin}) are refused"))
-}
-
-/// The request's content type, without parameters, lower case.
-fn content_type(req: &Request<Incoming>) -> String {
-    req.headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(|v| v.trim().to_ascii_lowercase())
-        .unwrap_or_default()
 }
 
 fn wrong_type(want: &str, got: &str) -> Resp {
@@ -151,20 +107,8 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
     let start = Instant::now();
     let call_id = th.next_call_id();
     let max = sh.cfg.payload_len_max;
-    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let timeout_ms =
-        match req.headers().get(TIMEOUT_HEADER).map(|v| v.to_str().ok().and_then(|s| s.parse::<u32>().ok())) {
-            None => Ok(0),
-            Some(Some(ms)) if ms > 0 => Ok(ms),
-            Some(_) => Err(format!(
-                "{TIMEOUT_HEADER} must be a whole number of milliseconds between 1 and {}, got {:?}",
-                u32::MAX,
-                req.headers()
-                    .get(TIMEOUT_HEADER)
-                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-                    .unwrap_or_default()
-            )),
-        };
+    let declared = inputs::content_length(req.headers());
+    let timeout_ms = inputs::timeout_ms(req.headers());
     let outcome = if let Err(msg) = timeout_ms {
         Err((ErrorKind::BadRequest, msg, Timing::default()))
     } else if !wire::valid_function_name(name) {
@@ -232,7 +176,7 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
         (&Method::GET, ["functions"]) => list(sh, None).await,
         (&Method::GET, ["functions", name]) => list(sh, Some(name)).await,
         (&Method::POST | &Method::PUT, ["functions"]) => {
-            let ct = content_type(&req);
+            let ct = inputs::content_type(req.headers());
             if ct != "application/json" {
                 return wrong_type("application/json", &ct);
             }
@@ -245,7 +189,7 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
             deploy(sh, &body).await
         }
         (&Method::POST, ["sources"]) => {
-            let ct = content_type(&req);
+            let ct = inputs::content_type(req.headers());
             if !matches!(ct.as_str(), "application/gzip" | "application/x-gzip" | "application/octet-stream") {
                 return wrong_type("application/gzip (a tar.gz of the function's source)", &ct);
             }
@@ -260,13 +204,10 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
         }
         (&Method::DELETE, ["functions", name]) => remove(sh, name).await,
         (&Method::GET, ["trace"]) => {
-            let mut req = json!({"op": "trace", "limit": 100});
-            for kv in query.split('&') {
-                match kv.split_once('=') {
-                    Some(("function", f)) => req["function"] = json!(f),
-                    Some(("limit", n)) => req["limit"] = json!(n.parse::<u64>().unwrap_or(100)),
-                    _ => {}
-                }
+            let (function, limit) = inputs::trace_query(&query);
+            let mut req = json!({"op": "trace", "limit": limit});
+            if let Some(f) = function {
+                req["function"] = json!(f);
             }
             match sh.control.request(req).await {
                 Ok(v) => json_resp(StatusCode::OK, &v["traces"]),
@@ -318,7 +259,7 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
 async fn upload_source(sh: &Arc<GwShared>, req: Request<Incoming>) -> Resp {
     let limits = api::archive::Limits::DEFAULT;
     let max = limits.archive_bytes_max as usize;
-    let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let declared = inputs::content_length(req.headers());
     let too_large = || {
         let msg = format!("source archive exceeds the {max}-byte limit");
         error_resp(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &msg, None)
@@ -351,24 +292,12 @@ async fn upload_source(sh: &Arc<GwShared>, req: Request<Incoming>) -> Resp {
 }
 
 async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
-    let parsed: Result<Vec<FunctionSpec>, String> =
-        serde_json::from_slice::<Value>(body).map_err(|e| format!("invalid JSON: {e}")).and_then(|v| {
-            let arr = match v.get("functions") {
-                Some(a) => a.clone(),
-                None => Value::Array(vec![v]),
-            };
-            serde_json::from_value(arr).map_err(|e| format!("invalid function spec: {e}"))
-        });
-    let specs = match parsed {
-        Ok(s) if !s.is_empty() => s,
-        Ok(_) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", "no functions given", None),
+    // Everything is checked before anything is deployed.
+    let specs = match inputs::deploy_specs(body) {
+        Ok(s) => s,
         Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
     };
-    // Everything is checked before anything is deployed.
     for spec in &specs {
-        if let Err(e) = spec.validate() {
-            return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("function {}: {e}", spec.name), None);
-        }
         if !sh.store.has_source(&spec.source) {
             let msg =
                 format!("function {}: source {} was not uploaded (POST /system/sources first)", spec.name, spec.source);

@@ -11,6 +11,7 @@
 mod control;
 mod engine_link;
 pub mod http;
+pub mod inputs;
 mod metrics;
 pub mod store;
 

@@ -73,11 +73,16 @@ impl EngineChannel {
 }
 
 fn set_pipe_size(f: &File) {
+    set_pipe_bytes(f, PIPE_SIZE);
+}
+
+/// Asks for a pipe (or FIFO) buffer of `bytes`. Failure is harmless (the
+/// pipe keeps its size), so it is not reported.
+pub fn set_pipe_bytes(f: &File, bytes: i32) {
     // SAFETY: F_SETPIPE_SZ takes an int argument and touches no memory of
-    // ours; the fd is open for the duration of the call. Failure is harmless
-    // (the pipe keeps its default size), so the result is ignored.
+    // ours; the fd is open for the duration of the call.
     unsafe {
-        libc::fcntl(f.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE);
+        libc::fcntl(f.as_raw_fd(), libc::F_SETPIPE_SZ, bytes);
     }
 }
 

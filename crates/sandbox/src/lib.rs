@@ -9,6 +9,7 @@
 mod build;
 mod bundle;
 mod container;
+pub mod logs;
 mod pool;
 pub mod proxy;
 mod sweep;

@@ -140,7 +140,11 @@ fn run(cli: Cli) -> Result<()> {
             // `up` gives the engine <state-dir>/engine, which keeps the logs.
             let path = up::state_dir(state_dir.clone()).join("engine").join("logs").join(format!("{name}.log"));
             let text =
-                std::fs::read_to_string(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
+                std::fs::read(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
+            // The rotated file first, if the current one is short of lines.
+            let mut older = std::fs::read(path.with_extension("log.1")).unwrap_or_default();
+            older.extend_from_slice(&text);
+            let text = String::from_utf8_lossy(&older);
             let all: Vec<&str> = text.lines().collect();
             for l in &all[all.len().saturating_sub(lines)..] {
                 println!("{l}");

@@ -125,6 +125,14 @@ pub struct EngineArgs {
     /// it, or use `*.example.org`.
     #[arg(long = "build-allow-host", value_name = "HOST")]
     pub build_allow_hosts: Vec<String>,
+    /// Size of a function's log (<state-dir>/engine/logs/NAME.log) before it
+    /// is rotated to NAME.log.1, e.g. 10Mi; one older file is kept.
+    #[arg(long, default_value = "10Mi")]
+    pub log_max_size: String,
+    /// Output a function may log per second, e.g. 1Mi; beyond it output is
+    /// dropped and a line in the log says how much.
+    #[arg(long, default_value = "1Mi")]
+    pub log_rate: String,
 }
 
 /// The secret of the gateway–engine link (`staccato engine` / `gateway`;
@@ -342,6 +350,12 @@ fn start_engine(
     cfg.cache_dir = state.join("cache");
     cfg.secret = secret;
     cfg.max_call_depth = e.max_call_depth;
+    let size = |flag: &str, v: &str| pkgcache::parse_size(v).map_err(|err| anyhow::anyhow!("{flag} {v:?}: {err}"));
+    cfg.log_caps = sandbox::logs::Caps {
+        file_bytes: size("--log-max-size", &e.log_max_size)?,
+        rate_bytes: size("--log-rate", &e.log_rate)?,
+    };
+    cfg.log_caps.check().map_err(|err| anyhow::anyhow!("--log-max-size/--log-rate: {err}"))?;
     cfg.containers = container_config(e, state, &cfg.runtimes_dir)?;
     if let Some(cc) = &mut cfg.containers {
         cc.pause = !e.no_pause;

@@ -112,6 +112,23 @@ impl FrameHeader {
     }
 }
 
+/// The first whole frame at the start of `buf`, a stream of frames: its
+/// header and where it ends, `None` if more bytes are needed, or why the
+/// stream is broken (then the connection must close: nothing after a bad
+/// header can be trusted to start a frame).
+pub fn next_frame(buf: &[u8]) -> Result<Option<(FrameHeader, usize)>, FrameError> {
+    let Some(hb) = buf.get(..FRAME_HEADER_LEN) else { return Ok(None) };
+    let h = FrameHeader::decode(hb.try_into().expect("FRAME_HEADER_LEN bytes"))?;
+    let end = FRAME_HEADER_LEN + h.body_len as usize;
+    Ok((buf.len() >= end).then_some((h, end)))
+}
+
+/// A `Call` frame's body split into the function's name (`b` bytes, at
+/// most the whole body) and the input.
+pub fn call_parts<'a>(h: &FrameHeader, body: &'a [u8]) -> (&'a [u8], &'a [u8]) {
+    body.split_at((h.b as usize).min(body.len()))
+}
+
 /// Timing the engine reports with each result, in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timing {

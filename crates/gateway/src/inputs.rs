@@ -1,0 +1,186 @@
+//! What the gateway reads from a client's request, as pure functions of its
+//! headers and bytes. The HTTP routes call these; `fuzz/` attacks them.
+//! Nothing here trusts its input: every function takes any bytes and
+//! answers a value or a message for the client, never a panic.
+
+use crate::http::TIMEOUT_HEADER;
+use api::spec::FunctionSpec;
+use hyper::header::{HeaderMap, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
+use serde_json::Value;
+
+/// The most functions one deploy request may name.
+pub const DEPLOY_FUNCTIONS_MAX: usize = 256;
+
+/// The token a request presents (`Authorization: Bearer T`), or empty.
+pub fn bearer(h: &HeaderMap) -> &[u8] {
+    h.get(AUTHORIZATION).and_then(|v| v.as_bytes().strip_prefix(b"Bearer ")).unwrap_or(b"")
+}
+
+/// Whether the request names this gateway by a loopback name. A page that
+/// rebinds its own domain to 127.0.0.1 still sends its domain here.
+pub fn loopback_host(h: &HeaderMap) -> bool {
+    let host = match h.get(HOST).map(|h| h.to_str()) {
+        Some(Ok(h)) => h,
+        // HTTP/1.1 requires Host; a request without one is no browser's.
+        None => return true,
+        Some(Err(_)) => return false,
+    };
+    let is_port = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    let name = match host.strip_prefix('[') {
+        // `[v6]` or `[v6]:port`, nothing else after the bracket.
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, "")) => v6,
+            Some((v6, after)) if after.strip_prefix(':').is_some_and(is_port) => v6,
+            _ => return false,
+        },
+        None => host.rsplit_once(':').map_or(host, |(n, port)| if is_port(port) { n } else { host }),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Why a management request looks like it comes from another site's page
+/// (browsers send `Origin` and `Sec-Fetch-Site`; the CLI and curl do not).
+pub fn cross_origin(h: &HeaderMap) -> Option<String> {
+    if let Some(site) = h.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        if site != "same-origin" && site != "none" {
+            return Some(format!("management requests from a web page of another site are refused ({site})"));
+        }
+    }
+    let origin = h.get(ORIGIN)?.to_str().unwrap_or("?");
+    let host = h.get(HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let same = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host);
+    (!same).then(|| format!("management requests from another origin ({origin}) are refused"))
+}
+
+/// The request's content type, without parameters, lower case.
+pub fn content_type(h: &HeaderMap) -> String {
+    h.get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+/// The body length the client declares, if it is a number.
+pub fn content_length(h: &HeaderMap) -> Option<u64> {
+    h.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+}
+
+/// The call's timeout from `x-staccato-timeout-ms`: 0 (the function's own)
+/// when absent, else a whole number of milliseconds from 1 up.
+pub fn timeout_ms(h: &HeaderMap) -> Result<u32, String> {
+    let Some(v) = h.get(TIMEOUT_HEADER) else { return Ok(0) };
+    match v.to_str().ok().and_then(|s| s.parse::<u32>().ok()) {
+        Some(ms) if ms > 0 => Ok(ms),
+        _ => Err(format!(
+            "{TIMEOUT_HEADER} must be a whole number of milliseconds between 1 and {}, got {:?}",
+            u32::MAX,
+            String::from_utf8_lossy(v.as_bytes())
+        )),
+    }
+}
+
+/// The functions a deploy request names (`{"functions": [spec, ...]}` or
+/// one spec), each valid on its own. Whether their sources were uploaded
+/// and whether this host can give what they ask is checked later.
+pub fn deploy_specs(body: &[u8]) -> Result<Vec<FunctionSpec>, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
+    let arr = match v {
+        Value::Object(mut o) if o.contains_key("functions") => o.remove("functions").unwrap_or(Value::Null),
+        other => Value::Array(vec![other]),
+    };
+    if arr.as_array().is_some_and(|a| a.len() > DEPLOY_FUNCTIONS_MAX) {
+        return Err(format!("more than {DEPLOY_FUNCTIONS_MAX} functions in one deploy"));
+    }
+    let specs: Vec<FunctionSpec> = serde_json::from_value(arr).map_err(|e| format!("invalid function spec: {e}"))?;
+    if specs.is_empty() {
+        return Err("no functions given".into());
+    }
+    for spec in &specs {
+        spec.validate().map_err(|e| format!("function {}: {e}", spec.name))?;
+    }
+    Ok(specs)
+}
+
+/// `GET /system/trace?function=F&limit=N`: the function (if named) and the
+/// number of traces (100 unless a number is given).
+pub fn trace_query(query: &str) -> (Option<String>, u64) {
+    let (mut function, mut limit) = (None, 100);
+    for kv in query.split('&') {
+        match kv.split_once('=') {
+            Some(("function", f)) => function = Some(f.to_string()),
+            Some(("limit", n)) => limit = n.parse::<u64>().unwrap_or(100),
+            _ => {}
+        }
+    }
+    (function, limit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn loopback_names_only() {
+        for ok in ["localhost", "LOCALHOST:8080", "127.0.0.1:1", "[::1]:8080", "127.9.9.9"] {
+            assert!(loopback_host(&headers(&[("host", ok)])), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "[::2]:80",
+            "localhost.:80",
+            "[::1]:http://evil.example",
+            "[::1]x",
+            "[::1",
+        ] {
+            assert!(!loopback_host(&headers(&[("host", bad)])), "{bad}");
+        }
+        assert!(loopback_host(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn other_origins_are_named() {
+        let same = headers(&[("host", "127.0.0.1:8080"), ("origin", "http://127.0.0.1:8080")]);
+        assert_eq!(cross_origin(&same), None);
+        let other = headers(&[("host", "127.0.0.1:8080"), ("origin", "http://evil.example")]);
+        assert!(cross_origin(&other).unwrap().contains("evil.example"));
+        let site = headers(&[("sec-fetch-site", "cross-site")]);
+        assert!(cross_origin(&site).unwrap().contains("cross-site"));
+    }
+
+    #[test]
+    fn timeouts_are_whole_positive_milliseconds() {
+        assert_eq!(timeout_ms(&HeaderMap::new()), Ok(0));
+        assert_eq!(timeout_ms(&headers(&[(TIMEOUT_HEADER, "250")])), Ok(250));
+        for bad in ["0", "-1", "abc", "1.5", "4294967296", ""] {
+            assert!(timeout_ms(&headers(&[(TIMEOUT_HEADER, bad)])).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn deploy_bodies_are_checked_whole() {
+        assert!(deploy_specs(b"{").unwrap_err().starts_with("invalid JSON"));
+        assert_eq!(deploy_specs(b"{\"functions\": []}").unwrap_err(), "no functions given");
+        assert!(deploy_specs(b"{\"functions\": 3}").unwrap_err().starts_with("invalid function spec"));
+        let many = format!("{{\"functions\": [{}]}}", vec!["{}"; DEPLOY_FUNCTIONS_MAX + 1].join(","));
+        assert!(deploy_specs(many.as_bytes()).unwrap_err().starts_with("more than"));
+    }
+
+    #[test]
+    fn trace_queries() {
+        assert_eq!(trace_query(""), (None, 100));
+        assert_eq!(trace_query("function=f&limit=7"), (Some("f".into()), 7));
+        assert_eq!(trace_query("limit=x&junk"), (None, 100));
+    }
+}

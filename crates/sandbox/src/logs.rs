@@ -1,0 +1,406 @@
+//! Capped output logs: what functions and builds print reaches the host's
+//! disk only through here.
+//!
+//! A function (or a build step) never holds a host file. Its stdout and
+//! stderr are the write end of a FIFO the engine made and holds open for
+//! reading; one thread drains every FIFO into `<name>.log`, rotating it to
+//! `<name>.log.1` past [`Caps::file_bytes`] and dropping what comes faster
+//! than [`Caps::rate_bytes`] per second (a line in the log says how much).
+//! So one log uses at most twice its file cap on disk however much is
+//! printed, and a writer never waits long: the drain reads as fast as it is
+//! written and throws the excess away rather than pushing back.
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// How much of a log is kept and how fast it may grow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// The log is rotated once it would grow past this (one older file is kept).
+    pub file_bytes: u64,
+    /// Output beyond this many bytes in a second is dropped.
+    pub rate_bytes: u64,
+}
+
+impl Caps {
+    /// 10 MiB per file (20 MiB on disk with the rotated one), 1 MiB/s.
+    pub const DEFAULT: Caps = Caps { file_bytes: 10 << 20, rate_bytes: 1 << 20 };
+    /// The smallest caps accepted: one read of the drain must fit a file.
+    pub const MIN: Caps = Caps { file_bytes: READ_CHUNK as u64, rate_bytes: 4096 };
+
+    pub fn check(&self) -> Result<(), String> {
+        if self.file_bytes < Caps::MIN.file_bytes {
+            return Err(format!("a log file cap of {} bytes: at least {}", self.file_bytes, Caps::MIN.file_bytes));
+        }
+        if self.rate_bytes < Caps::MIN.rate_bytes {
+            return Err(format!("a log rate of {} bytes/s: at least {}", self.rate_bytes, Caps::MIN.rate_bytes));
+        }
+        Ok(())
+    }
+}
+
+const READ_CHUNK: usize = 64 << 10;
+/// The FIFO's buffer: what a writer may print in a burst before the drain runs.
+const PIPE_BYTES: i32 = 256 << 10;
+const WAKE: Token = Token(0);
+const TICK: Duration = Duration::from_secs(1);
+
+/// The drain thread and the streams it serves.
+pub struct Logs {
+    inner: Arc<LogsInner>,
+}
+
+struct LogsInner {
+    registry: Registry,
+    waker: Waker,
+    streams: Mutex<HashMap<Token, Weak<Stream>>>,
+    next: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl Logs {
+    /// Starts the drain thread (named `thread`).
+    pub fn start(thread: &str) -> io::Result<Logs> {
+        let poll = Poll::new()?;
+        let inner = Arc::new(LogsInner {
+            registry: poll.registry().try_clone()?,
+            waker: Waker::new(poll.registry(), WAKE)?,
+            streams: Mutex::new(HashMap::new()),
+            next: AtomicUsize::new(1),
+            stop: AtomicBool::new(false),
+        });
+        let run = inner.clone();
+        std::thread::Builder::new().name(thread.into()).spawn(move || drain_loop(poll, &run))?;
+        Ok(Logs { inner })
+    }
+
+    /// A FIFO at `fifo` (replacing anything there) drained into `file`.
+    /// The stream lives as long as its last `Arc`; then the FIFO goes.
+    pub fn open(&self, fifo: &Path, file: &Path, caps: Caps) -> io::Result<Arc<Stream>> {
+        caps.check().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        ipc::mkfifo(fifo)?;
+        // Read and write: the FIFO never reads end-of-file while writers
+        // come and go, and opening it for writing never blocks.
+        let rx = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(fifo)?;
+        ipc::set_pipe_bytes(&rx, PIPE_BYTES);
+        let sink = Sink::open(file, caps)?;
+        let token = Token(self.inner.next.fetch_add(1, Ordering::Relaxed));
+        let stream = Arc::new(Stream {
+            fifo: fifo.to_path_buf(),
+            file: file.to_path_buf(),
+            token,
+            logs: Arc::downgrade(&self.inner),
+            state: Mutex::new(State { rx, sink }),
+        });
+        self.inner.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(token, Arc::downgrade(&stream));
+        self.inner.registry.register(&mut SourceFd(&stream.rx_fd()), token, Interest::READABLE)?;
+        Ok(stream)
+    }
+}
+
+impl Drop for Logs {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        let _ = self.inner.waker.wake();
+    }
+}
+
+fn drain_loop(mut poll: Poll, inner: &LogsInner) {
+    let mut events = Events::with_capacity(256);
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut last_tick = Instant::now();
+    while !inner.stop.load(Ordering::Acquire) {
+        if let Err(e) = poll.poll(&mut events, Some(TICK)) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                log::error!("log drain: {e}");
+                std::thread::sleep(TICK);
+            }
+            continue;
+        }
+        let ready: Vec<Arc<Stream>> = {
+            let streams = inner.streams.lock().unwrap_or_else(|p| p.into_inner());
+            events.iter().filter(|e| e.token() != WAKE).filter_map(|e| streams.get(&e.token())?.upgrade()).collect()
+        };
+        for s in ready {
+            s.lock().fill(&mut buf);
+        }
+        if last_tick.elapsed() >= TICK {
+            last_tick = Instant::now();
+            let all: Vec<Arc<Stream>> = {
+                let mut streams = inner.streams.lock().unwrap_or_else(|p| p.into_inner());
+                streams.retain(|_, w| w.strong_count() > 0);
+                streams.values().filter_map(Weak::upgrade).collect()
+            };
+            for s in all {
+                s.lock().sink.tick(Instant::now());
+            }
+        }
+    }
+}
+
+/// One log: its FIFO and the file it is drained into.
+pub struct Stream {
+    fifo: PathBuf,
+    file: PathBuf,
+    token: Token,
+    logs: Weak<LogsInner>,
+    state: Mutex<State>,
+}
+
+struct State {
+    rx: File,
+    sink: Sink,
+}
+
+impl State {
+    /// Reads what the FIFO holds now into the sink.
+    fn fill(&mut self, buf: &mut [u8]) {
+        loop {
+            match (&self.rx).read(buf) {
+                Ok(0) => return,
+                Ok(n) => self.sink.accept(&buf[..n], Instant::now()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    log::warn!("log drain of {}: {e}", self.sink.path.display());
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Stream {
+    /// The FIFO writers open (bind it into a container, or see [`Stream::writer`]).
+    pub fn fifo(&self) -> &Path {
+        &self.fifo
+    }
+
+    /// The current log file.
+    pub fn path(&self) -> &Path {
+        &self.file
+    }
+
+    /// A write end for a process's stdout or stderr.
+    pub fn writer(&self) -> io::Result<File> {
+        OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(&self.fifo)
+    }
+
+    /// Moves what is in the FIFO now into the file: call before reading
+    /// the file to explain a failure that just happened.
+    pub fn drain(&self) {
+        let mut buf = vec![0u8; READ_CHUNK];
+        let mut s = self.lock();
+        s.fill(&mut buf);
+        s.sink.tick(Instant::now() + TICK);
+    }
+
+    fn rx_fd(&self) -> i32 {
+        self.lock().rx.as_raw_fd()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Some(logs) = self.logs.upgrade() {
+            let fd = self.lock().rx.as_raw_fd();
+            let _ = logs.registry.deregister(&mut SourceFd(&fd));
+            logs.streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.token);
+        }
+        let _ = fs::remove_file(&self.fifo);
+    }
+}
+
+/// The file side of a stream: size cap with one rotation, rate cap.
+struct Sink {
+    path: PathBuf,
+    rotated: PathBuf,
+    out: Option<File>,
+    len: u64,
+    caps: Caps,
+    window_start: Instant,
+    window_bytes: u64,
+    dropped: u64,
+}
+
+impl Sink {
+    fn open(path: &Path, caps: Caps) -> io::Result<Sink> {
+        let mut rotated = path.as_os_str().to_owned();
+        rotated.push(".1");
+        let mut s = Sink {
+            path: path.to_path_buf(),
+            rotated: rotated.into(),
+            out: None,
+            len: 0,
+            caps,
+            window_start: Instant::now(),
+            window_bytes: 0,
+            dropped: 0,
+        };
+        s.reopen()?;
+        Ok(s)
+    }
+
+    fn reopen(&mut self) -> io::Result<()> {
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o640)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&self.path)?;
+        self.len = f.metadata()?.len();
+        self.out = Some(f);
+        Ok(())
+    }
+
+    /// Moves the full file aside (replacing the older one) and starts a new
+    /// one. Tried again at the next write if it fails (say, a full disk).
+    fn rotate(&mut self) {
+        let was_open = self.out.take().is_some();
+        let moved = match fs::rename(&self.path, &self.rotated) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => self.reopen(),
+        };
+        if let (Err(e), true) = (moved, was_open) {
+            log::warn!("rotating {}: {e} (its output is dropped until this works)", self.path.display());
+        }
+    }
+
+    /// Output read from the FIFO at `now`.
+    fn accept(&mut self, data: &[u8], now: Instant) {
+        self.tick(now);
+        let room = self.caps.rate_bytes.saturating_sub(self.window_bytes);
+        let take = (data.len() as u64).min(room) as usize;
+        if take > 0 {
+            self.window_bytes += take as u64;
+            self.write(&data[..take]);
+        }
+        self.dropped += (data.len() - take) as u64;
+    }
+
+    /// Starts a new rate window once a second has passed, first saying what
+    /// the last one dropped.
+    fn tick(&mut self, now: Instant) {
+        if now.saturating_duration_since(self.window_start) < TICK {
+            return;
+        }
+        self.window_start = now;
+        self.window_bytes = 0;
+        if self.dropped > 0 {
+            let line = format!(
+                "\n[staccato: {} bytes of output dropped: more than {} bytes in a second (the log rate cap)]\n",
+                self.dropped, self.caps.rate_bytes
+            );
+            self.dropped = 0;
+            self.write(line.as_bytes());
+        }
+    }
+
+    fn write(&mut self, data: &[u8]) {
+        if self.out.is_none() || (self.len > 0 && self.len + data.len() as u64 > self.caps.file_bytes) {
+            self.rotate();
+        }
+        if let Some(f) = &mut self.out {
+            // A full disk loses log lines, never calls.
+            if f.write_all(data).is_ok() {
+                self.len += data.len() as u64;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sandbox-logs-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn output_beyond_the_rate_is_dropped_and_said_so() {
+        let d = scratch("rate");
+        let caps = Caps { file_bytes: 10 << 20, rate_bytes: 1 << 20 };
+        let mut s = Sink::open(&d.join("f.log"), caps).unwrap();
+        let t0 = s.window_start;
+        for _ in 0..48 {
+            s.accept(&[b'x'; 65536], t0);
+        }
+        assert_eq!(fs::metadata(d.join("f.log")).unwrap().len(), 1 << 20);
+        s.tick(t0 + TICK);
+        s.accept(b"after\n", t0 + TICK);
+        let text = fs::read_to_string(d.join("f.log")).unwrap();
+        assert!(text.ends_with(&format!(
+            "\n[staccato: {} bytes of output dropped: more than 1048576 bytes in a second (the log rate cap)]\nafter\n",
+            2 << 20
+        )));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_full_file_is_rotated_keeping_one_older_file() {
+        let d = scratch("rotate");
+        let caps = Caps { file_bytes: 100_000, rate_bytes: 1 << 30 };
+        let path = d.join("f.log");
+        fs::write(&path, b"from before\n").unwrap();
+        let mut s = Sink::open(&path, caps).unwrap();
+        let t0 = s.window_start;
+        for i in 0..50u8 {
+            s.accept(&[b'a' + i % 26; 10_000], t0);
+        }
+        let (now, older) = (fs::metadata(&path).unwrap().len(), fs::metadata(d.join("f.log.1")).unwrap().len());
+        assert!(now <= 100_000 && older <= 100_000, "{now} {older}");
+        assert_eq!((now + older) % 10_000, 0, "whole writes only: {now} {older}");
+        assert!(!fs::read_to_string(d.join("f.log.1")).unwrap().contains("from before"));
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_writer_reaches_the_file_and_the_fifo_goes_with_the_stream() {
+        let d = scratch("stream");
+        let logs = Logs::start("test-logs").unwrap();
+        let s = logs.open(&d.join("fifo"), &d.join("f.log"), Caps::DEFAULT).unwrap();
+        let mut w = s.writer().unwrap();
+        w.write_all(b"hello\n").unwrap();
+        drop(w);
+        s.drain();
+        assert_eq!(fs::read_to_string(s.path()).unwrap(), "hello\n");
+        // The drain thread reads on its own, too.
+        s.writer().unwrap().write_all(b"more\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while fs::read_to_string(s.path()).unwrap() != "hello\nmore\n" {
+            assert!(Instant::now() < deadline, "the drain thread never read the FIFO");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(s);
+        assert!(!d.join("fifo").exists());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn caps_below_the_minimum_are_refused() {
+        assert!(Caps { file_bytes: 1000, rate_bytes: 1 << 20 }.check().is_err());
+        assert!(Caps { file_bytes: 1 << 20, rate_bytes: 10 }.check().is_err());
+        assert!(Caps::DEFAULT.check().is_ok());
+    }
+}

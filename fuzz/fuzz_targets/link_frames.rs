@@ -1,0 +1,51 @@
+//! The gateway–engine link as a peer that does not know the secret sees
+//! it: frame streams, the handshake, `Call` frames.
+#![no_main]
+
+use api::auth::{Secret, HANDSHAKE_BODY_LEN_MAX};
+use libfuzzer_sys::fuzz_target;
+use std::io::{Cursor, Read, Write};
+use wire::frame::{call_parts, next_frame, FrameHeader, FRAME_BODY_LEN_MAX, FRAME_HEADER_LEN};
+
+/// Reads come from the fuzzer's bytes; writes go nowhere.
+struct Peer(Cursor<Vec<u8>>);
+
+impl Read for Peer {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for Peer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    // A stream of frames is split without reading past its end, and every
+    // header that decodes encodes back to the same bytes.
+    let mut off = 0;
+    while let Ok(Some((h, end))) = next_frame(&data[off..]) {
+        assert!(h.body_len as usize <= FRAME_BODY_LEN_MAX);
+        assert_eq!(end, FRAME_HEADER_LEN + h.body_len as usize);
+        let hb: &[u8; FRAME_HEADER_LEN] = data[off..off + FRAME_HEADER_LEN].try_into().unwrap();
+        assert_eq!(FrameHeader::decode(hb).map(|d| d.encode()), Ok(*hb));
+        let body = &data[off + FRAME_HEADER_LEN..off + end];
+        let (name, input) = call_parts(&h, body);
+        assert_eq!(name.len() + input.len(), body.len());
+        off += end;
+    }
+    // The engine's handshake never admits a peer that does not know the
+    // secret (the fuzzer cannot), whatever it sends.
+    let secret = Secret::new("fuzz-secret-the-peer-does-not-know").unwrap();
+    assert!(api::link::engine(&mut Peer(Cursor::new(data.to_vec())), &secret).is_err());
+    // Handshake frames are small: no allocation beyond the bound.
+    if let Ok((_, body)) = api::link::read_frame(&mut Cursor::new(data), HANDSHAKE_BODY_LEN_MAX) {
+        assert!(body.len() <= HANDSHAKE_BODY_LEN_MAX);
+        let _ = api::auth::parse_hello(&body);
+    }
+});
