@@ -212,6 +212,22 @@ def test_returned_container_is_cleaned_before_reuse(tmp_path):
         assert out["mounts"].count(" /code ") == 1, out["mounts"]
 
 
+def test_a_frozen_pooled_container_still_starts_its_next_function(tmp_path):
+    """A container that went back to the pool frozen (a pause that raced
+    with the launcher's exit; here, frozen from outside) is thawed before it
+    starts a function: its init would otherwise never answer."""
+    with own_server(tmp_path, extra=["--isolation", "container", "--pool-size", "1", "--no-pause"]) as srv:
+        srv.deploy(ISO / "dirty.yml")
+        cid = srv.container("dirty")
+        assert srv.cli("rm", "dirty").returncode == 0
+        assert wait_for(lambda: idle_container(cid), timeout=10), comms(cid)
+        time.sleep(0.5)
+        Path(f"/sys/fs/cgroup/freezer/staccato/{cid}/freezer.state").write_text("FROZEN")
+        srv.deploy(ISO / "dirty.yml")
+        assert srv.container("dirty") == cid, "the pooled container was not the one used"
+        assert json.loads(ok_body(srv.invoke("dirty", b"check")))["leftover"] is False
+
+
 def test_container_with_foreign_mount_is_destroyed_not_reused(tmp_path):
     with own_server(tmp_path, extra=["--isolation", "container", "--pool-size", "1", "--no-pause"]) as srv:
         srv.deploy(ISO / "dirty.yml")

@@ -104,7 +104,10 @@ int main(void) {
             signal(SIGTERM, SIG_DFL);
             signal(SIGINT, SIG_DFL);
             setsid();
-            int log = open(fields[1], O_WRONLY | O_APPEND | O_CLOEXEC);
+            /* The log is a FIFO the engine reads: opened without blocking
+             * (no reader means the engine is gone), then made blocking. */
+            int log = open(fields[1], O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
+            if (log >= 0) fcntl(log, F_SETFL, fcntl(log, F_GETFL) & ~O_NONBLOCK);
             int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
             if (log >= 0) {
                 dup2(log, 1);

@@ -291,6 +291,8 @@ impl Container {
     /// Gives the container to a function: mounts, limits, then its launcher.
     /// Returns the launcher's pid inside the container.
     pub fn start(&self, s: &Start) -> Result<u32, String> {
+        // A frozen init would take the command and never start it.
+        self.thaw_whatever_the_flag_says()?;
         let rootfs = self.dir.join("rootfs");
         let mut attach = Vec::new();
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
@@ -458,8 +460,20 @@ impl Container {
     /// Pauses every process of the container (cgroup v1 freezer; ~0.1 ms,
     /// against 5–8 ms for `runc pause`).
     pub fn freeze(&self) -> Result<(), String> {
+        // The flag and the file change together: a thaw that ran between
+        // them would see no flag and leave the container frozen.
+        let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "FROZEN")?;
-        self.assigned.lock().unwrap_or_else(|p| p.into_inner()).frozen = true;
+        a.frozen = true;
+        Ok(())
+    }
+
+    /// Thaws even if the flag says it is not frozen (a freeze that raced
+    /// with a give-back, or one from outside).
+    fn thaw_whatever_the_flag_says(&self) -> Result<(), String> {
+        let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
+        write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "THAWED")?;
+        a.frozen = false;
         Ok(())
     }
 
@@ -475,6 +489,10 @@ impl Container {
     /// process but init, no mount but the template's, a fresh /tmp, neutral
     /// limits, an untouched network. Err means: destroy it instead.
     pub fn reset(&self, settings: &Settings, nets: Option<&netns::Networks>, warm: bool) -> Result<(), String> {
+        // A container that went back frozen with only init left would pass
+        // every other check here, and its frozen init would never start
+        // the next function.
+        self.thaw_whatever_the_flag_says()?;
         if !self.kill_all() {
             return Err("processes survived SIGKILL".into());
         }

@@ -55,6 +55,9 @@ impl HostRule {
         if !valid {
             return Err(format!("{s:?} is not a host name (or *.domain) for the build allow list"));
         }
+        if s.starts_with("*.") && name.split('.').count() < 2 {
+            return Err(format!("{s:?} allows a whole top-level domain; name a domain below it (*.example.org)"));
+        }
         Ok(HostRule(s))
     }
 
@@ -369,7 +372,7 @@ mod tests {
         assert!(wild.matches("a.b.example.org"));
         assert!(!wild.matches("example.org"));
         assert!(!wild.matches("badexample.org"));
-        for bad in ["", "*.", "a..b", "-a.org", "a b", "a/b", "a:1", "*.*.org"] {
+        for bad in ["", "*.", "a..b", "-a.org", "a b", "a/b", "a:1", "*.*.org", "*.com", "*.org."] {
             assert!(HostRule::parse(bad).is_err(), "{bad}");
         }
     }

@@ -73,7 +73,9 @@ def main():
     # come after the runtime, as a fresh interpreter would order them.
     for p in reversed([p for p in msg["env"].get("PYTHONPATH", "").split(":") if p and p not in sys.path]):
         sys.path.insert(1, p)
-    out = os.open(LOG, os.O_WRONLY | os.O_APPEND)
+    # The log is a FIFO the engine reads: never wait for a reader in open().
+    out = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    os.set_blocking(out, True)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(out, 1)
