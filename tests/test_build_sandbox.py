@@ -166,6 +166,23 @@ process.exit(3);
     _deploy_attack(srv, tmp_path, host, "evil-npm", "node")
 
 
+def test_install_scripts_may_run_what_they_unpack(srv, tmp_path):
+    """Packages with native tools run the binary they just unpacked (here
+    esbuild's postinstall checks its own binary's version): the build's
+    output must be executable inside its sandbox, which runs nothing the
+    build could not run anyway."""
+    src = tmp_path / "fn"
+    src.mkdir()
+    (src / "package.json").write_text(json.dumps({"name": "uses-esbuild", "version": "1.0.0",
+                                                  "dependencies": {"esbuild": "0.23.1"}}))
+    (src / "handler.mjs").write_text("import { transformSync } from 'esbuild';\n"
+                                     "export function handle(ctx, data) {\n"
+                                     "  return transformSync(data.toString(), { loader: 'ts' }).code;\n}\n")
+    p = _deploy(srv, tmp_path, "uses-esbuild", "node", "fn")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert ok_body(srv.invoke("uses-esbuild", b"let x: number = 1")) == b"let x = 1;\n"
+
+
 def test_c_incbin_cannot_read_host_files(srv, tmp_path, host):
     src = tmp_path / "fn"
     src.mkdir()

@@ -414,8 +414,8 @@ impl Supervisor {
             let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
             argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
             let mut mounts = vec![
-                sandbox::Mount { src: f.code_dir.clone(), dst: CONTAINER_CODE.into(), read_only: true },
-                sandbox::Mount { src: f.dir.clone(), dst: CONTAINER_IPC.into(), read_only: false },
+                sandbox::Mount { src: f.code_dir.clone(), dst: CONTAINER_CODE.into(), read_only: true, exec: false },
+                sandbox::Mount { src: f.dir.clone(), dst: CONTAINER_IPC.into(), read_only: false, exec: false },
             ];
             mounts.extend(crate::code::View::dep_mounts(&f.deps));
             let limits =

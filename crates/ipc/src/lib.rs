@@ -511,8 +511,8 @@ pub mod mount {
     }
 
     /// A detached recursive bind of `src` to be attached at `dst`, already
-    /// nosuid+nodev, and read-only or noexec.
-    pub fn bind(src: &Path, dst: &Path, read_only: bool) -> io::Result<Detached> {
+    /// nosuid+nodev, and read-only or (unless `exec`) noexec.
+    pub fn bind(src: &Path, dst: &Path, read_only: bool, exec: bool) -> io::Result<Detached> {
         let c = cstr(src)?;
         // SAFETY: open_tree reads the NUL-terminated path and returns a new fd
         // (or -1); no memory is written.
@@ -525,7 +525,13 @@ pub mod mount {
         let attr = MountAttr {
             attr_set: MOUNT_ATTR_NOSUID
                 | MOUNT_ATTR_NODEV
-                | if read_only { MOUNT_ATTR_RDONLY } else { MOUNT_ATTR_NOEXEC },
+                | if read_only {
+                    MOUNT_ATTR_RDONLY
+                } else if exec {
+                    0
+                } else {
+                    MOUNT_ATTR_NOEXEC
+                },
             attr_clr: 0,
             propagation: 0,
             userns_fd: 0,

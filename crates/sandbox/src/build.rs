@@ -267,10 +267,10 @@ impl Builder {
         let alternatives = [PathBuf::from("/etc/alternatives")];
         let mut mounts: Vec<Mount> = visible(job.reads.iter().chain(&self.cfg.reads).chain(&alternatives))
             .into_iter()
-            .map(|src| Mount { dst: src.clone(), src, read_only: true })
+            .map(|src| Mount { dst: src.clone(), src, read_only: true, exec: false })
             .collect();
         if let Some(dir) = &job.output {
-            mounts.push(Mount { src: out.to_path_buf(), dst: dir.clone(), read_only: false });
+            mounts.push(Mount { src: out.to_path_buf(), dst: dir.clone(), read_only: false, exec: true });
         }
         let start = Start {
             mounts,

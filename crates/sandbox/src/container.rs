@@ -297,7 +297,7 @@ impl Container {
         let mut attach = Vec::new();
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         let mut all: Vec<Mount> = s.mounts.clone();
-        all.push(Mount { src: s.log.clone(), dst: LOG.into(), read_only: false });
+        all.push(Mount { src: s.log.clone(), dst: LOG.into(), read_only: false, exec: false });
         chown(&s.log, Some(self.uid), Some(self.uid)).map_err(|e| format!("chown {}: {e}", s.log.display()))?;
         for m in &all {
             let rel = m.dst.strip_prefix("/").unwrap_or(&m.dst);
@@ -312,7 +312,7 @@ impl Container {
                 a.mountpoints.push(point);
             }
             attach
-                .push(ipc::mount::bind(&m.src, &m.dst, m.read_only).map_err(|e| format!("{}: {e}", m.src.display()))?);
+                .push(ipc::mount::bind(&m.src, &m.dst, m.read_only, m.exec).map_err(|e| format!("{}: {e}", m.src.display()))?);
             a.mounts.push(m.dst.clone());
         }
         ipc::mount::apply(self.init_pid, &[], &attach).map_err(|e| format!("mounting into {}: {e}", self.id))?;

@@ -95,6 +95,9 @@ pub struct Mount {
     pub src: PathBuf,
     pub dst: PathBuf,
     pub read_only: bool,
+    /// Writable and executable: only for a build's own output, which its
+    /// install scripts may run (a writable mount is noexec otherwise).
+    pub exec: bool,
 }
 
 /// What a function needs from a container.

@@ -158,8 +158,8 @@ impl Fx {
             ("STACCATO_SPIN_US".into(), "0".into()),
         ];
         let mut mounts = vec![
-            sandbox::Mount { src: self.code_dir(lang), dst: CONTAINER_CODE.into(), read_only: true },
-            sandbox::Mount { src: dir.clone(), dst: CONTAINER_IPC.into(), read_only: false },
+            sandbox::Mount { src: self.code_dir(lang), dst: CONTAINER_CODE.into(), read_only: true, exec: false },
+            sandbox::Mount { src: dir.clone(), dst: CONTAINER_IPC.into(), read_only: false, exec: false },
         ];
         let argv = match lang {
             Lang::Python => {
@@ -167,7 +167,7 @@ impl Fx {
                 for (i, d) in deps.iter().enumerate() {
                     let inside = Path::new(CONTAINER_DEPS).join(i.to_string());
                     path.push_str(&format!(":{}", inside.display()));
-                    mounts.push(sandbox::Mount { src: d.clone(), dst: inside, read_only: true });
+                    mounts.push(sandbox::Mount { src: d.clone(), dst: inside, read_only: true, exec: false });
                 }
                 env.push(("PYTHONPATH".into(), path));
                 env.push(("STACCATO_HANDLER".into(), "handler:handle".into()));
