@@ -27,8 +27,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
     let dest = root.join("src");
-    // What check accepted unpacks, and only below dest.
-    unpack(data, &dest, &LIMITS).expect("an archive that passed check unpacks");
+    // What check accepted unpacks only below dest, or fails with an error.
+    // (It may fail: check accepts a file `a` then `a/b`, and names longer
+    // than the file system allows; see fuzz/README.md.)
+    let _ = unpack(data, &dest, &LIMITS);
     contained(&root);
     std::fs::remove_dir_all(&root).unwrap();
 });

@@ -111,7 +111,7 @@ impl Supervisor {
                 Err(e) => log::warn!("package cache eviction: {e}"),
             }
         }
-        let log = self.log_stream(&spec.name)?;
+        let log = self.log_stream(&spec.name, generation)?;
         let func = Arc::new(Function {
             dir: cfg.ipc_dir.join(format!("{}.{generation}", spec.name)),
             log,
@@ -152,7 +152,7 @@ impl Supervisor {
     /// The log of function `name`: the live one if a generation of it
     /// still runs (a redeploy's old calls and new ones share it), else a
     /// fresh FIFO drained into `<state>/logs/<name>.log`.
-    fn log_stream(&mut self, name: &str) -> Result<Arc<sandbox::logs::Stream>, String> {
+    fn log_stream(&mut self, name: &str, generation: u128) -> Result<Arc<sandbox::logs::Stream>, String> {
         self.logs.retain(|_, s| s.strong_count() > 0);
         if let Some(s) = self.logs.get(name).and_then(std::sync::Weak::upgrade) {
             return Ok(s);
@@ -160,7 +160,9 @@ impl Supervisor {
         let cfg = &self.shared.cfg;
         let dir = cfg.state_dir.join("logs");
         fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        let fifo = cfg.ipc_dir.join(crate::LOG_FIFOS).join(name);
+        // A path of its own: a dying stream unlinks its FIFO, perhaps on
+        // another thread while a new one for the same name is made.
+        let fifo = cfg.ipc_dir.join(crate::LOG_FIFOS).join(format!("{name}.{generation}"));
         let s = self
             .shared
             .logs

@@ -96,7 +96,7 @@ pub struct Mount {
     pub dst: PathBuf,
     pub read_only: bool,
     /// Writable and executable: only for a build's own output, which its
-    /// install scripts may run (a writable mount is noexec otherwise).
+    /// install scripts may run (other writable binds are noexec).
     pub exec: bool,
 }
 

@@ -1,14 +1,16 @@
 //! Capped output logs: what functions and builds print reaches the host's
 //! disk only through here.
 //!
-//! A function (or a build step) never holds a host file. Its stdout and
+//! A function never holds a host file (builds log to their own tmpfs). Its stdout and
 //! stderr are the write end of a FIFO the engine made and holds open for
 //! reading; one thread drains every FIFO into `<name>.log`, rotating it to
 //! `<name>.log.1` past [`Caps::file_bytes`] and dropping what comes faster
 //! than [`Caps::rate_bytes`] per second (a line in the log says how much).
 //! So one log uses at most twice its file cap on disk however much is
-//! printed, and a writer never waits long: the drain reads as fast as it is
-//! written and throws the excess away rather than pushing back.
+//! printed. The drain reads as fast as output comes and throws the excess
+//! away rather than pushing back, in turns of at most [`TURN_BYTES`] per
+//! stream, so one function that never stops printing cannot make the
+//! others' writers wait.
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
@@ -52,6 +54,10 @@ const READ_CHUNK: usize = 64 << 10;
 /// The FIFO's buffer: what a writer may print in a burst before the drain runs.
 const PIPE_BYTES: i32 = 256 << 10;
 const WAKE: Token = Token(0);
+/// What one stream may have read at a turn before the others get theirs: a
+/// function that never stops printing cannot starve the rest (their
+/// writers would block on full FIFOs).
+const TURN_BYTES: usize = 4 * PIPE_BYTES as usize;
 const TICK: Duration = Duration::from_secs(1);
 
 /// The drain thread and the streams it serves.
@@ -122,20 +128,29 @@ fn drain_loop(mut poll: Poll, inner: &LogsInner) {
     let mut events = Events::with_capacity(256);
     let mut buf = vec![0u8; READ_CHUNK];
     let mut last_tick = Instant::now();
+    // Streams whose turn ended with data left: events are edge-triggered,
+    // so nothing would announce that data again.
+    let mut pending: Vec<Arc<Stream>> = Vec::new();
     while !inner.stop.load(Ordering::Acquire) {
-        if let Err(e) = poll.poll(&mut events, Some(TICK)) {
+        let wait = if pending.is_empty() { TICK } else { Duration::ZERO };
+        if let Err(e) = poll.poll(&mut events, Some(wait)) {
             if e.kind() != io::ErrorKind::Interrupted {
                 log::error!("log drain: {e}");
                 std::thread::sleep(TICK);
             }
             continue;
         }
-        let ready: Vec<Arc<Stream>> = {
+        let mut ready: Vec<Arc<Stream>> = {
             let streams = inner.streams.lock().unwrap_or_else(|p| p.into_inner());
             events.iter().filter(|e| e.token() != WAKE).filter_map(|e| streams.get(&e.token())?.upgrade()).collect()
         };
+        ready.append(&mut pending);
+        ready.sort_by_key(|s| s.token);
+        ready.dedup_by_key(|s| s.token);
         for s in ready {
-            s.lock().fill(&mut buf);
+            if s.lock().fill(&mut buf, TURN_BYTES) {
+                pending.push(s);
+            }
         }
         if last_tick.elapsed() >= TICK {
             last_tick = Instant::now();
@@ -166,20 +181,26 @@ struct State {
 }
 
 impl State {
-    /// Reads what the FIFO holds now into the sink.
-    fn fill(&mut self, buf: &mut [u8]) {
-        loop {
+    /// Reads what the FIFO holds now into the sink, up to `budget` bytes;
+    /// true if the budget ran out first (more may be waiting).
+    fn fill(&mut self, buf: &mut [u8], budget: usize) -> bool {
+        let mut read = 0;
+        while read < budget {
             match (&self.rx).read(buf) {
-                Ok(0) => return,
-                Ok(n) => self.sink.accept(&buf[..n], Instant::now()),
+                Ok(0) => return false,
+                Ok(n) => {
+                    read += n;
+                    self.sink.accept(&buf[..n], Instant::now());
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) => {
                     log::warn!("log drain of {}: {e}", self.sink.path.display());
-                    return;
+                    return false;
                 }
             }
         }
+        true
     }
 }
 
@@ -204,8 +225,9 @@ impl Stream {
     pub fn drain(&self) {
         let mut buf = vec![0u8; READ_CHUNK];
         let mut s = self.lock();
-        s.fill(&mut buf);
-        s.sink.tick(Instant::now() + TICK);
+        // What a full FIFO holds, not what a writer keeps adding meanwhile.
+        s.fill(&mut buf, PIPE_BYTES as usize);
+        s.sink.say_dropped();
     }
 
     fn rx_fd(&self) -> i32 {
@@ -303,6 +325,12 @@ impl Sink {
         }
         self.window_start = now;
         self.window_bytes = 0;
+        self.say_dropped();
+    }
+
+    /// Writes the line about what was dropped, if anything was (the rate
+    /// window is left as it is).
+    fn say_dropped(&mut self) {
         if self.dropped > 0 {
             let line = format!(
                 "\n[staccato: {} bytes of output dropped: more than {} bytes in a second (the log rate cap)]\n",
@@ -394,6 +422,44 @@ mod tests {
         }
         drop(s);
         assert!(!d.join("fifo").exists());
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_stream_that_never_stops_does_not_starve_the_others() {
+        let d = scratch("fair");
+        let logs = Logs::start("test-logs-fair").unwrap();
+        let loud = logs.open(&d.join("loud"), &d.join("loud.log"), Caps::DEFAULT).unwrap();
+        let quiet = logs.open(&d.join("quiet"), &d.join("quiet.log"), Caps::DEFAULT).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let (mut w, stop) = (loud.writer().unwrap(), stop.clone());
+                std::thread::spawn(move || {
+                    let chunk = vec![b'x'; 65536];
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = w.write_all(&chunk);
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        quiet.writer().unwrap().write_all(b"still heard\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let heard = loop {
+            if fs::read_to_string(quiet.path()).unwrap() == "still heard\n" {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert!(heard, "a quiet stream was not drained while a loud one kept writing");
         fs::remove_dir_all(&d).unwrap();
     }
 
