@@ -704,7 +704,12 @@ def test_worker_that_replies_then_dies_is_replaced(server):
     engine must still notice the death. If it did not, the next call would
     be sent to a dead worker and wait out its timeout (504)."""
     rs = []
-    for _ in range(8):
+    # It dies within a second of every start: after three such deaths in a
+    # row that is a crash loop, answered with a clear error, not a fork storm.
+    # A death that races a call (502 below) neither counts toward the loop
+    # nor ends it, and the first launcher may be older than a second, so how
+    # many calls it takes varies: call until it is seen, within a bound.
+    for _ in range(24):
         r = server.invoke("exit-after", b"", timeout=10)
         # 502 is a fair answer when a call raced the death (it was handed
         # to the worker between its reply and its exit); 504 never is.
@@ -712,10 +717,10 @@ def test_worker_that_replies_then_dies_is_replaced(server):
         if r.status == 502:
             check_error(r, 502, "worker_crashed")
         rs.append(r)
+        if r.status == 500:
+            break
     assert ok_body(rs[0]) == b"bye"
     assert sum(r.status == 200 for r in rs) >= 2, rs
-    # It dies within a second of every start: after three such deaths in a
-    # row that is a crash loop, answered with a clear error, not a fork storm.
     looped = [r for r in rs if r.status == 500]
     assert looped, rs
     check_error(looped[0], 500, "function_error", in_message="keeps exiting right after it starts")
