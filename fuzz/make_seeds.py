@@ -42,12 +42,26 @@ def link_frames():
         if "=" in line and not line.startswith("//"):
             name, code = (s.strip() for s in line.split("="))
             kinds[name] = int(code)
-    hello = b"STCO" + struct.pack("<H", 2) + bytes([1, 0]) + bytes(32)
+    hello = b"STCO" + struct.pack("<H", 3) + bytes([1, 0]) + bytes(32)
     put("link_frames", "hello", frame(kinds["Hello"], hello, c=1))
     put("link_frames", "hello_auth", frame(kinds["Hello"], hello) + frame(kinds["Auth"], bytes(32)))
     put("link_frames", "call", frame(kinds["Call"], b"echohello", call_id=7, a=100, b=4))
     put("link_frames", "calls", frame(kinds["Call"], b"ab", b=1) + frame(kinds["Call"], b"", b=9))
     put("link_frames", "control", frame(kinds["Control"], b'{"op":"list"}'))
+    return kinds
+
+
+def control_request():
+    kinds = link_frames()
+    spec = {"name": "f", "runtime": "python", "source": "sha256:" + hashlib.sha256(b"x").hexdigest()}
+    reg = json.dumps({"op": "register", "spec": spec}).encode()
+    put("control_request", "register", frame(kinds["Control"], reg + b"x", a=len(reg)))
+    put("control_request", "ops", b"".join(frame(kinds["Control"], json.dumps(r).encode()) for r in (
+        {"op": "status"}, {"op": "unregister", "name": "f"}, {"op": "trace", "function": "f", "limit": 5})))
+    put("control_request", "bad_len", frame(kinds["Control"], b'{"op":"status"}', a=99))
+    answers = [{"ok": {"registered": {"name": "f", "notes": ""}}},
+               {"refused": {"kind": "not_found", "message": "no function named \"f\""}}]
+    put("control_request", "answers", b"".join(frame(kinds["ControlReply"], json.dumps(a).encode()) for a in answers))
 
 
 def manifest():
@@ -115,6 +129,6 @@ def source_archive():
 
 
 if __name__ == "__main__":
-    for f in (channel_message, link_frames, manifest, http_inputs, source_archive):
+    for f in (channel_message, link_frames, control_request, manifest, http_inputs, source_archive):
         f()
     print("seeds in", SEEDS)

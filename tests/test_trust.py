@@ -148,9 +148,9 @@ def read_all(s, key):
 data = read_all(s, "error1")
 out["reply1"] = data[32:].decode(errors="replace")
 out["kind1"] = struct.unpack_from("<H", data, 4)[0] if len(data) >= 32 else None
-# 2. A well-formed protocol-2 hello answered with a made-up proof.
+# 2. A well-formed protocol-3 hello answered with a made-up proof.
 s = socket.create_connection(("127.0.0.1", port), timeout=5)
-s.sendall(frame(1, b"STCO" + struct.pack("<HBB", 2, 1, 0) + os.urandom(32)))
+s.sendall(frame(1, b"STCO" + struct.pack("<HBB", 3, 1, 0) + os.urandom(32)))
 head = s.recv(32)
 n = struct.unpack_from("<I", head)[0]
 s.recv(n)
@@ -170,7 +170,7 @@ def test_engine_port_refuses_unauthenticated_peers(srv):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["uid"] == nobody
-    assert out["kind1"] == ERROR and "protocol version 2" in out["reply1"], out
+    assert out["kind1"] == ERROR and "protocol version 3" in out["reply1"], out
     assert "authentication failed" in out["reply2"], out
     # Nothing got registered, nothing answered a status request.
     assert srv.get("/system/functions/pwned").status == 404

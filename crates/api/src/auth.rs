@@ -23,9 +23,10 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-/// The link's protocol version. 1 was the unauthenticated link; an engine
-/// refuses every other version with a message saying which it speaks.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// The link's protocol version. 1 was the unauthenticated link, 2 had
+/// untyped control replies; an engine refuses every other version with a
+/// message saying which it speaks.
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The first bytes of a `Hello` body: tells a Staccato peer from a stray one.
 pub const HELLO_MAGIC: [u8; 4] = *b"STCO";
@@ -269,8 +270,9 @@ mod tests {
         // Protocol 1's hello was a single role byte.
         assert_eq!(parse_hello(&[1]), Err(HandshakeError::NotAHello));
         let mut b = hello(Role::Data, &[0; NONCE_LEN]);
-        b[4..6].copy_from_slice(&3u16.to_le_bytes());
-        assert_eq!(parse_hello(&b), Err(HandshakeError::Version { theirs: 3 }));
+        let other = PROTOCOL_VERSION + 1;
+        b[4..6].copy_from_slice(&other.to_le_bytes());
+        assert_eq!(parse_hello(&b), Err(HandshakeError::Version { theirs: other }));
         let mut b = hello(Role::Data, &[0; NONCE_LEN]);
         b[6] = 9;
         assert_eq!(parse_hello(&b), Err(HandshakeError::Role(9)));

@@ -7,11 +7,14 @@
 //!   gateway and unpacked by the engine (no server ever reads a path a
 //!   request names);
 //! * [`auth`], [`link`]: the gateway–engine handshake (protocol version,
-//!   mutual proof of a shared secret) and constant-time token comparison.
+//!   mutual proof of a shared secret) and constant-time token comparison;
+//! * [`control`]: the typed requests, replies and refusals of the control
+//!   connection that follows it.
 #![forbid(unsafe_code)]
 
 pub mod archive;
 pub mod auth;
+pub mod control;
 pub mod link;
 pub mod manifest;
 pub mod spec;

@@ -138,7 +138,8 @@ mod tests {
         c.write_all(&old).unwrap();
         let (h, body) = read_frame(&mut c, 4096).unwrap();
         assert_eq!(h.kind, FrameKind::Error);
-        assert!(String::from_utf8_lossy(&body).contains("protocol version 2"), "{}", String::from_utf8_lossy(&body));
+        let why = String::from_utf8_lossy(&body);
+        assert!(why.contains(&format!("protocol version {}", crate::auth::PROTOCOL_VERSION)), "{why}");
         assert!(t.join().unwrap().is_err());
     }
 

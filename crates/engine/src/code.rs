@@ -246,7 +246,12 @@ impl View {
             .iter()
             .cloned()
             .enumerate()
-            .map(|(i, src)| sandbox::Mount { src, dst: Path::new(CONTAINER_DEPS).join(i.to_string()), read_only: true, exec: false })
+            .map(|(i, src)| sandbox::Mount {
+                src,
+                dst: Path::new(CONTAINER_DEPS).join(i.to_string()),
+                read_only: true,
+                exec: false,
+            })
             .collect();
         if let Some(src) = deps.node.clone() {
             m.push(sandbox::Mount { src, dst: "/node_modules".into(), read_only: true, exec: false });

@@ -21,12 +21,11 @@ pub use config::{ContainerConfig, EngineConfig, Placement};
 use api::auth::Role;
 use shared::{Cmd, Mailbox, Shared, SupervisorCmd};
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::time::Duration;
-use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 
 /// A running engine.
 pub struct Engine {
@@ -173,44 +172,26 @@ fn on_connection(shared: Arc<Shared>, mut stream: TcpStream, in_handshake: &Atom
     }
 }
 
-fn read_frame(s: &mut TcpStream) -> io::Result<(FrameHeader, Vec<u8>)> {
-    let mut hb = [0u8; FRAME_HEADER_LEN];
-    s.read_exact(&mut hb)?;
-    let h = FrameHeader::decode(&hb).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    let mut body = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut body)?;
-    Ok((h, body))
-}
-
 /// Serves one (authenticated) control connection: each request is answered
-/// in order. A request is JSON, followed by an attachment when the header's
-/// `a` gives the JSON's length (docs/protocol.md §2).
+/// in order (api::control; docs/protocol.md §2).
 fn serve_control(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
+    use api::control::{self, LinkBroken, Refusal, RefusalKind};
     loop {
-        let (h, mut body) = match read_frame(&mut stream) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let json_len = if h.a == 0 { body.len() } else { h.a as usize };
-        let reply = if h.kind != FrameKind::Control {
-            serde_json::json!({ "ok": false, "error": "expected a control frame" })
-        } else if json_len > body.len() {
-            serde_json::json!({ "ok": false, "error": "control frame: JSON length beyond the body" })
-        } else {
-            let attachment = body.split_off(json_len);
-            match serde_json::from_slice(&body) {
-                Ok(req) => {
-                    let (tx, rx) = mpsc::channel();
-                    let _ = shared::lock(&shared.supervisor).send(SupervisorCmd::Control(req, attachment, tx));
-                    rx.recv().unwrap_or_else(|_| serde_json::json!({ "ok": false, "error": "engine is shutting down" }))
-                }
-                Err(e) => serde_json::json!({ "ok": false, "error": format!("invalid JSON: {e}") }),
+        let answer = match control::read_request(&mut stream) {
+            Ok(None) => return Ok(()),
+            Ok(Some(Ok((req, attachment)))) => {
+                let (tx, rx) = mpsc::channel();
+                let _ = shared::lock(&shared.supervisor).send(SupervisorCmd::Control(req, attachment, tx));
+                rx.recv().unwrap_or_else(|_| Err(Refusal::new(RefusalKind::ShuttingDown, "engine is shutting down")))
+            }
+            Ok(Some(Err(refusal))) => Err(refusal),
+            Err(LinkBroken::Io(e)) => return Err(e),
+            Err(LinkBroken::Malformed(m)) => {
+                // The stream is out of step: say why, then close.
+                let _ = control::write_answer(&mut stream, &Err(Refusal::new(RefusalKind::BadRequest, m.clone())));
+                return Err(io::Error::new(io::ErrorKind::InvalidData, m));
             }
         };
-        let body = serde_json::to_vec(&reply)?;
-        let mut out = FrameHeader::new(FrameKind::ControlReply, h.call_id, body.len()).encode().to_vec();
-        out.extend_from_slice(&body);
-        stream.write_all(&out)?;
+        control::write_answer(&mut stream, &answer)?;
     }
 }

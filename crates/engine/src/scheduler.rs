@@ -77,20 +77,7 @@ pub enum Removed {
 }
 
 /// A snapshot for status reports and metrics.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct SchedulerStatus {
-    pub tau: u32,
-    pub running: u32,
-    pub running_max: u32,
-    pub queued: usize,
-    pub idle: usize,
-    pub starting: usize,
-    pub pool: usize,
-    pub rate_per_s: f64,
-    pub processing_ms: f64,
-    /// Recent worker start-up times (asked for → ready), µs, oldest first.
-    pub worker_ready_us: Vec<u64>,
-}
+pub use api::control::SchedulerStatus;
 
 impl Scheduler {
     pub fn new(min_workers: u32, max_workers: u32, alpha: f64) -> Scheduler {

@@ -8,7 +8,7 @@
 //! I/O thread that owns it; other threads send it replies by mailbox.
 
 use crate::config::{EngineConfig, Placement};
-use crate::scheduler::{Removed, Scheduler, SchedulerStatus};
+use crate::scheduler::{Removed, Scheduler};
 use crate::spec::FunctionSpec;
 use mio::{Token, Waker};
 use std::collections::{HashMap, VecDeque};
@@ -78,13 +78,7 @@ pub(crate) struct WorkerHandle {
     pub pid: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum LauncherState {
-    Down,
-    Starting,
-    Ready,
-}
+pub(crate) use api::control::LauncherState;
 
 pub(crate) struct Launcher {
     pub state: LauncherState,
@@ -197,8 +191,8 @@ pub(crate) struct Mailbox {
 
 pub(crate) enum SupervisorCmd {
     StartLauncher(Arc<Function>),
-    /// A control request, the bytes attached to it, and where the reply goes.
-    Control(serde_json::Value, Vec<u8>, Sender<serde_json::Value>),
+    /// A control request, the bytes attached to it, and where the answer goes.
+    Control(api::control::Request, Vec<u8>, Sender<Result<api::control::Reply, api::control::Refusal>>),
 }
 
 pub(crate) struct Shared {
@@ -643,47 +637,49 @@ impl Shared {
         }
     }
 
-    pub fn status(&self) -> Vec<serde_json::Value> {
+    pub fn status(&self) -> Vec<api::control::FunctionStatus> {
+        use api::control::{ContainerStatus, FunctionStatus};
         let now = ipc::monotonic_ns();
-        let mut out: Vec<serde_json::Value> = self
+        let mut out: Vec<FunctionStatus> = self
             .functions()
             .iter()
             .map(|f| {
                 let core = lock(&f.core);
-                let s: SchedulerStatus = core.sched.status(now);
-                let container = core.launcher.container.as_ref().map(|c| {
-                    serde_json::json!({ "id": c.id, "uid": c.uid, "paused": core.frozen_at.is_some(),
-                                        "network": c.net.as_ref().map(|n| n.ns_ip.to_string()) })
+                let container = core.launcher.container.as_ref().map(|c| ContainerStatus {
+                    id: c.id.clone(),
+                    uid: c.uid,
+                    paused: core.frozen_at.is_some(),
+                    network: c.net.as_ref().map(|n| n.ns_ip.to_string()),
                 });
-                serde_json::json!({
-                    "name": f.spec.name,
-                    "runtime": f.spec.runtime.name(),
-                    "container": container,
-                    "launcher": core.launcher.state,
-                    "last_error": core.launcher.last_error,
-                    "completed": core.completed,
-                    "failed": core.failed,
-                    "scheduler": s,
-                })
+                FunctionStatus {
+                    name: f.spec.name.clone(),
+                    runtime: f.spec.runtime.name().to_string(),
+                    container,
+                    launcher: core.launcher.state,
+                    last_error: core.launcher.last_error.clone(),
+                    completed: core.completed,
+                    failed: core.failed,
+                    scheduler: core.sched.status(now),
+                }
             })
             .collect();
-        out.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
 }
 
 impl TraceRecord {
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "call_id": format!("{:016x}", self.call_id),
-            "parent_call_id": format!("{:016x}", self.parent_call_id),
-            "function": self.function.spec.name,
-            "worker_id": self.worker_id,
-            "receive_ns": self.receive_ns,
-            "dispatch_ns": self.dispatch_ns,
-            "complete_ns": self.complete_ns,
-            "outcome": self.outcome,
-        })
+    pub fn to_api(&self) -> api::control::TraceRecord {
+        api::control::TraceRecord {
+            call_id: format!("{:016x}", self.call_id),
+            parent_call_id: format!("{:016x}", self.parent_call_id),
+            function: self.function.spec.name.clone(),
+            worker_id: self.worker_id,
+            receive_ns: self.receive_ns,
+            dispatch_ns: self.dispatch_ns,
+            complete_ns: self.complete_ns,
+            outcome: self.outcome.to_string(),
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use crate::scheduler::Scheduler;
 use crate::shared::{lock, Cmd, FnCore, Function, Launcher, LauncherState, Shared, SupervisorCmd};
 use crate::spec::FunctionSpec;
-use serde_json::{json, Value};
+use api::control::{Refusal, RefusalKind, Reply, Request};
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::process::{Child, Stdio};
@@ -22,7 +22,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
             Ok(SupervisorCmd::Control(req, attachment, reply)) => {
-                let _ = reply.send(sup.control(&req, &attachment));
+                let _ = reply.send(sup.control(req, &attachment));
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -60,35 +60,26 @@ const DRAIN_MAX: Duration = Duration::from_secs(30);
 impl Supervisor {
     /// One control request; `attachment` is the bytes that followed its
     /// JSON (a registration's source archive).
-    fn control(&mut self, req: &Value, attachment: &[u8]) -> Value {
-        let result = match req["op"].as_str().unwrap_or("") {
-            "register" => serde_json::from_value::<FunctionSpec>(req["spec"].clone())
-                .map_err(|e| format!("invalid function spec: {e}"))
-                .and_then(|spec| self.register(spec, attachment)),
-            "unregister" => self.unregister(req["name"].as_str().unwrap_or("")),
-            "status" => Ok(json!({ "functions": self.shared.status() })),
-            "trace" => Ok(self.trace(req["function"].as_str(), req["limit"].as_u64().unwrap_or(100) as usize)),
-            other => Err(format!("unknown control op {other:?}")),
-        };
-        match result {
-            Ok(mut v) => {
-                v["ok"] = json!(true);
-                v
-            }
-            Err(e) => json!({ "ok": false, "error": e }),
+    fn control(&mut self, req: Request, attachment: &[u8]) -> Result<Reply, Refusal> {
+        match req {
+            Request::Register { spec } => self.register(spec, attachment),
+            Request::Unregister { name } => self.unregister(&name),
+            Request::Status => Ok(Reply::Status { functions: self.shared.status() }),
+            Request::Trace { function, limit } => Ok(self.trace(function.as_deref(), limit as usize)),
         }
     }
 
-    fn register(&mut self, spec: FunctionSpec, archive: &[u8]) -> Result<Value, String> {
-        spec.validate()?;
-        spec.validate_for_host(self.shared.memory_total_bytes)?;
+    fn register(&mut self, spec: FunctionSpec, archive: &[u8]) -> Result<Reply, Refusal> {
+        let invalid = |m: String| Refusal::new(RefusalKind::InvalidSpec, m);
+        spec.validate().map_err(invalid)?;
+        spec.validate_for_host(self.shared.memory_total_bytes).map_err(invalid)?;
         let digest = api::archive::digest(archive);
         if digest != spec.source {
-            return Err(format!(
+            return Err(invalid(format!(
                 "the source archive sent ({} bytes, {digest}) is not the one the spec names ({})",
                 archive.len(),
                 spec.source
-            ));
+            )));
         }
         let shared = self.shared.clone();
         let cfg = &shared.cfg;
@@ -97,21 +88,25 @@ impl Supervisor {
         let code_dir = fn_state.join(format!("{generation}"));
         api::archive::unpack(archive, &code_dir, &api::archive::Limits::DEFAULT).map_err(|e| {
             let _ = fs::remove_dir_all(&code_dir);
-            format!("unpacking the source: {e}")
+            invalid(format!("unpacking the source: {e}"))
         })?;
-        let deps = crate::code::prepare(cfg, &self.shared.builds, &spec, &code_dir).inspect_err(|_| {
+        let deps = crate::code::prepare(cfg, &self.shared.builds, &spec, &code_dir).map_err(|e| {
             let _ = fs::remove_dir_all(&code_dir);
+            Refusal::new(RefusalKind::BuildFailed, e)
         })?;
+        let internal = |m: String| Refusal::new(RefusalKind::Internal, m);
         if !deps.entries.is_empty() {
-            let cache = crate::code::open_cache(cfg)?;
-            cache.pin(&spec.name, &deps.entries).map_err(|e| format!("pinning dependencies: {e} (deploy again)"))?;
+            let cache = crate::code::open_cache(cfg).map_err(internal)?;
+            cache
+                .pin(&spec.name, &deps.entries)
+                .map_err(|e| internal(format!("pinning dependencies: {e} (deploy again)")))?;
             match cache.evict_to_budget() {
                 Ok(gone) if !gone.is_empty() => log::info!("package cache: evicted {} entries", gone.len()),
                 Ok(_) => {}
                 Err(e) => log::warn!("package cache eviction: {e}"),
             }
         }
-        let log = self.log_stream(&spec.name, generation)?;
+        let log = self.log_stream(&spec.name, generation).map_err(internal)?;
         let func = Arc::new(Function {
             dir: cfg.ipc_dir.join(format!("{}.{generation}", spec.name)),
             log,
@@ -133,7 +128,7 @@ impl Supervisor {
         self.start_launcher(&func);
         if let Err(e) = self.wait_ready(&func) {
             self.retire(&func, "deploy failed", None);
-            return Err(e);
+            return Err(Refusal::new(RefusalKind::StartFailed, e));
         }
         let old = self
             .shared
@@ -146,7 +141,7 @@ impl Supervisor {
             self.retire(&old, "it was redeployed", Some(&func));
         }
         log::info!("registered {} ({})", func.spec.name, func.spec.runtime.name());
-        Ok(json!({ "name": func.spec.name, "notes": func.deps.summary }))
+        Ok(Reply::Registered { name: func.spec.name.clone(), notes: func.deps.summary.clone() })
     }
 
     /// The log of function `name`: the live one if a generation of it
@@ -200,7 +195,7 @@ impl Supervisor {
         }
     }
 
-    fn unregister(&mut self, name: &str) -> Result<Value, String> {
+    fn unregister(&mut self, name: &str) -> Result<Reply, Refusal> {
         let old = self.shared.functions.write().unwrap_or_else(|p| p.into_inner()).remove(name);
         match old {
             Some(f) => {
@@ -208,9 +203,9 @@ impl Supervisor {
                 if let Ok(cache) = crate::code::open_cache(&self.shared.cfg) {
                     let _ = cache.unpin(name);
                 }
-                Ok(json!({ "name": name }))
+                Ok(Reply::Unregistered { name: name.to_string() })
             }
-            None => Err(format!("no function named {name:?}")),
+            None => Err(Refusal::new(RefusalKind::NotFound, format!("no function named {name:?}"))),
         }
     }
 
@@ -505,7 +500,7 @@ impl Supervisor {
         }
     }
 
-    fn trace(&self, function: Option<&str>, limit: usize) -> Value {
+    fn trace(&self, function: Option<&str>, limit: usize) -> Reply {
         // Copy under the lock, format outside it: every completing call on
         // the I/O threads takes this lock.
         let picked: Vec<_> = lock(&self.shared.traces)
@@ -515,8 +510,7 @@ impl Supervisor {
             .take(limit)
             .cloned()
             .collect();
-        let recs: Vec<Value> = picked.iter().map(|t| t.to_json()).collect();
-        json!({ "traces": recs })
+        Reply::Traces { traces: picked.iter().map(|t| t.to_api()).collect() }
     }
 }
 

@@ -3,15 +3,14 @@
 //! not stall a gateway thread's event loop.
 
 use crate::store::Store;
-use serde_json::{json, Value};
-use std::io::{Read, Write};
+use api::control::{self, LinkBroken, Refusal, RefusalKind, Reply, Request};
+use hyper::StatusCode;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 
 /// How often an idle control connection checks that the engine is still
 /// the same one.
@@ -19,11 +18,48 @@ const HEARTBEAT: Duration = Duration::from_millis(200);
 
 /// A request, its attachment (a registration's source archive), and where
 /// the answer goes.
-type Request = (Value, Vec<u8>, oneshot::Sender<Result<Value, String>>);
+type Job = (Request, Vec<u8>, oneshot::Sender<Result<Reply, ControlError>>);
+
+/// Why a control request got no reply from the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// No connection to the engine (`why` is the last connection error).
+    #[error("engine at {addr} is unreachable{}", if why.is_empty() { String::new() } else { format!(": {why}") })]
+    Unreachable { addr: SocketAddr, why: String },
+    /// The connection failed during the exchange (the request may or may
+    /// not have been carried out).
+    #[error("the control connection to the engine broke: {0}")]
+    Broken(String),
+    /// The engine answered that it would not.
+    #[error("{0}")]
+    Refused(Refusal),
+    #[error("the gateway's control thread is gone")]
+    Gone,
+}
+
+impl ControlError {
+    /// The HTTP status and error kind a client is answered.
+    pub fn http(&self) -> (StatusCode, &'static str) {
+        match self {
+            ControlError::Unreachable { .. } | ControlError::Broken(_) | ControlError::Gone => {
+                (StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable")
+            }
+            ControlError::Refused(r) => match r.kind {
+                RefusalKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+                RefusalKind::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable"),
+                RefusalKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+                RefusalKind::BadRequest
+                | RefusalKind::InvalidSpec
+                | RefusalKind::BuildFailed
+                | RefusalKind::StartFailed => (StatusCode::BAD_REQUEST, "bad_request"),
+            },
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct ControlClient {
-    tx: mpsc::Sender<Request>,
+    tx: mpsc::Sender<Job>,
     /// Connected, and every stored function re-registered since.
     restored: Arc<AtomicBool>,
 }
@@ -33,7 +69,7 @@ impl ControlClient {
     /// the stored functions the engine does not have: an engine that
     /// restarted comes back with everything deployed.
     pub fn start(addr: SocketAddr, secret: api::auth::Secret, store: Arc<Store>) -> ControlClient {
-        let (tx, rx) = mpsc::channel::<Request>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let restored = Arc::new(AtomicBool::new(false));
         let r = restored.clone();
         std::thread::Builder::new()
@@ -48,14 +84,14 @@ impl ControlClient {
         self.restored.load(Ordering::Acquire)
     }
 
-    pub async fn request(&self, req: Value) -> Result<Value, String> {
+    pub async fn request(&self, req: Request) -> Result<Reply, ControlError> {
         self.request_with(req, Vec::new()).await
     }
 
-    pub async fn request_with(&self, req: Value, attachment: Vec<u8>) -> Result<Value, String> {
+    pub async fn request_with(&self, req: Request, attachment: Vec<u8>) -> Result<Reply, ControlError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send((req, attachment, tx)).map_err(|_| "control thread is gone".to_string())?;
-        rx.await.map_err(|_| "control thread is gone".to_string())?
+        self.tx.send((req, attachment, tx)).map_err(|_| ControlError::Gone)?;
+        rx.await.map_err(|_| ControlError::Gone)?
     }
 }
 
@@ -63,7 +99,7 @@ fn control_thread(
     addr: SocketAddr,
     secret: api::auth::Secret,
     store: Arc<Store>,
-    rx: mpsc::Receiver<Request>,
+    rx: mpsc::Receiver<Job>,
     restored: Arc<AtomicBool>,
 ) {
     let mut conn: Option<TcpStream> = None;
@@ -101,7 +137,7 @@ fn control_thread(
                 // Heartbeat: notice an engine that restarted (and lost its
                 // functions) even when nobody is deploying.
                 if let Some(c) = conn.as_mut() {
-                    if roundtrip(c, &json!({"op": "status"}), &[]).is_err_and(|e| e.starts_with("io:")) {
+                    if let Err(ControlError::Broken(_)) = roundtrip(c, &Request::Status, &[]) {
                         conn = None;
                     }
                 } else {
@@ -112,13 +148,13 @@ fn control_thread(
         };
         let result = match conn.as_mut() {
             Some(c) => roundtrip(c, &req, &attachment),
-            None if last_error.is_empty() => Err(format!("engine at {addr} is unreachable")),
-            None => Err(format!("engine at {addr} is unreachable: {last_error}")),
+            None => Err(ControlError::Unreachable { addr, why: last_error.clone() }),
         };
-        if result.as_ref().is_err_and(|e| e.starts_with("io:")) {
+        if let Err(ControlError::Broken(e)) = &result {
+            log::warn!("control connection to engine {addr}: {e}");
             conn = None;
         }
-        let _ = reply.send(result.map_err(|e| e.trim_start_matches("io:").to_string()));
+        let _ = reply.send(result);
     }
 }
 
@@ -134,13 +170,13 @@ fn connect(addr: SocketAddr, secret: &api::auth::Secret) -> Result<TcpStream, ap
     Ok(s)
 }
 
-fn restore(c: &mut TcpStream, store: &Store) -> Result<(), String> {
-    let status = roundtrip(c, &json!({"op": "status"}), &[])?;
-    let have: Vec<String> = status["functions"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|f| f["name"].as_str().map(String::from)).collect())
-        .unwrap_or_default();
-    for spec in store.list().map_err(|e| e.to_string())? {
+fn restore(c: &mut TcpStream, store: &Store) -> Result<(), ControlError> {
+    let have: Vec<String> = match roundtrip(c, &Request::Status, &[])? {
+        Reply::Status { functions } => functions.into_iter().map(|f| f.name).collect(),
+        other => return Err(ControlError::Broken(format!("a status request was answered {other:?}"))),
+    };
+    let specs = store.list().map_err(|e| ControlError::Refused(Refusal::new(RefusalKind::Internal, e.to_string())))?;
+    for spec in specs {
         if have.contains(&spec.name) {
             continue;
         }
@@ -151,36 +187,20 @@ fn restore(c: &mut TcpStream, store: &Store) -> Result<(), String> {
                 continue;
             }
         };
-        match roundtrip(c, &json!({"op": "register", "spec": spec}), &archive) {
-            Ok(_) => log::info!("restored function {}", spec.name),
-            Err(e) => log::error!("restoring function {}: {e}", spec.name),
+        let name = spec.name.clone();
+        match roundtrip(c, &Request::Register { spec }, &archive) {
+            Ok(_) => log::info!("restored function {name}"),
+            Err(e @ ControlError::Broken(_)) => return Err(e),
+            Err(e) => log::error!("restoring function {name}: {e}"),
         }
     }
     Ok(())
 }
 
-/// One request/reply; `attachment` follows the JSON (header field `a` then
-/// gives the JSON's length). Errors starting with "io:" mean the connection
-/// broke.
-fn roundtrip(c: &mut TcpStream, req: &Value, attachment: &[u8]) -> Result<Value, String> {
-    let body = serde_json::to_vec(req).map_err(|e| e.to_string())?;
-    let mut h = FrameHeader::new(FrameKind::Control, 0, body.len() + attachment.len());
-    if !attachment.is_empty() {
-        h.a = body.len() as u32;
-    }
-    let mut frame = h.encode().to_vec();
-    frame.extend_from_slice(&body);
-    frame.extend_from_slice(attachment);
-    c.write_all(&frame).map_err(|e| format!("io:{e}"))?;
-    let mut hb = [0u8; FRAME_HEADER_LEN];
-    c.read_exact(&mut hb).map_err(|e| format!("io:{e}"))?;
-    let h = FrameHeader::decode(&hb).map_err(|e| format!("io:{e}"))?;
-    let mut body = vec![0u8; h.body_len as usize];
-    c.read_exact(&mut body).map_err(|e| format!("io:{e}"))?;
-    let v: Value = serde_json::from_slice(&body).map_err(|e| format!("io:{e}"))?;
-    if v["ok"].as_bool() == Some(true) {
-        Ok(v)
-    } else {
-        Err(v["error"].as_str().unwrap_or("engine refused the request").to_string())
-    }
+/// One request and its answer (api::control). A broken connection is
+/// `Broken`: the caller drops it and connects again.
+fn roundtrip(c: &mut TcpStream, req: &Request, attachment: &[u8]) -> Result<Reply, ControlError> {
+    let broken = |e: LinkBroken| ControlError::Broken(e.to_string());
+    control::write_request(c, req, attachment).map_err(|e| broken(e.into()))?;
+    control::read_answer(c).map_err(broken)?.map_err(ControlError::Refused)
 }

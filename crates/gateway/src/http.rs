@@ -7,9 +7,11 @@
 //! from another origin's page, and must say what they send with a content
 //! type no HTML form can (so a cross-site form cannot post one).
 
+use crate::control::ControlError;
 use crate::engine_link::Reply;
 use crate::inputs;
 use crate::{GwShared, ThreadState};
+use api::control as ctl;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -205,13 +207,11 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
         (&Method::DELETE, ["functions", name]) => remove(sh, name).await,
         (&Method::GET, ["trace"]) => {
             let (function, limit) = inputs::trace_query(&query);
-            let mut req = json!({"op": "trace", "limit": limit});
-            if let Some(f) = function {
-                req["function"] = json!(f);
-            }
+            let req = ctl::Request::Trace { function, limit: limit as u32 };
             match sh.control.request(req).await {
-                Ok(v) => json_resp(StatusCode::OK, &v["traces"]),
-                Err(e) => error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e, None),
+                Ok(ctl::Reply::Traces { traces }) => json_resp(StatusCode::OK, &json!(traces)),
+                Ok(other) => unexpected(&other),
+                Err(e) => control_error(&e),
             }
         }
         _ => error_resp(
@@ -228,11 +228,14 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
         Ok(s) => s,
         Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
     };
-    let status = sh.control.request(json!({"op": "status"})).await;
-    let live: Vec<Value> = status.as_ref().ok().and_then(|v| v["functions"].as_array().cloned()).unwrap_or_default();
+    // Without the engine, the stored functions are listed with no status.
+    let live = match sh.control.request(ctl::Request::Status).await {
+        Ok(ctl::Reply::Status { functions }) => functions,
+        _ => Vec::new(),
+    };
     let mut out = Vec::new();
     for s in specs.iter().filter(|s| one.is_none_or(|n| n == s.name)) {
-        let st = live.iter().find(|f| f["name"] == json!(s.name)).cloned().unwrap_or(Value::Null);
+        let st = live.iter().find(|f| f.name == s.name);
         out.push(json!({
             "name": s.name,
             "runtime": s.runtime.name(),
@@ -311,16 +314,14 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
             Ok(a) => a,
             Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
         };
-        let registered = sh.control.request_with(json!({"op": "register", "spec": spec}), archive).await;
-        if let Ok(Some(n)) = registered.as_ref().map(|v| v["notes"].as_str().filter(|n| !n.is_empty())) {
-            notes.insert(spec.name.clone(), json!(n));
-        }
-        if let Err(e) = registered {
-            return if e.contains("unreachable") {
-                error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e, None)
-            } else {
-                error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None)
-            };
+        let name = spec.name.clone();
+        match sh.control.request_with(ctl::Request::Register { spec: spec.clone() }, archive).await {
+            Ok(ctl::Reply::Registered { notes: n, .. }) if !n.is_empty() => {
+                notes.insert(name, json!(n));
+            }
+            Ok(ctl::Reply::Registered { .. }) => {}
+            Ok(other) => return unexpected(&other),
+            Err(e) => return control_error(&e),
         }
         if let Err(e) = sh.store.put(&spec) {
             return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None);
@@ -346,12 +347,34 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
         Ok(b) => b,
         Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
     };
-    let in_engine = sh.control.request(json!({"op": "unregister", "name": name})).await.is_ok();
+    let in_engine = match sh.control.request(ctl::Request::Unregister { name: name.to_string() }).await {
+        Ok(_) => true,
+        Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => false,
+        // Stored but not removed from the engine: it would keep running
+        // with no record of it here, so say so instead of "removed".
+        Err(e) if in_store => {
+            log::warn!("removing function {name} from the engine: {e}");
+            false
+        }
+        Err(e) => return control_error(&e),
+    };
     if !in_store && !in_engine {
         return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None);
     }
     prune_sources(sh);
     json_resp(StatusCode::OK, &json!({ "removed": name }))
+}
+
+/// The answer to a request the engine did not carry out.
+fn control_error(e: &ControlError) -> Resp {
+    let (status, kind) = e.http();
+    error_resp(status, kind, &e.to_string(), None)
+}
+
+/// The engine answered a request with a reply to another kind of request.
+fn unexpected(reply: &ctl::Reply) -> Resp {
+    let msg = format!("the engine answered with an unexpected reply: {reply:?}");
+    error_resp(StatusCode::BAD_GATEWAY, "internal", &msg, None)
 }
 
 pub fn json_resp(status: StatusCode, v: &Value) -> Resp {

@@ -240,6 +240,7 @@ impl Cache {
     ) -> Result<Resolved, String> {
         let started = Instant::now();
         let interp = python::probe(python)?;
+        let python = interp.executable.as_path();
         let file_name = requirements.file_name().unwrap_or(requirements.as_os_str()).to_string_lossy();
         progress(&format!("resolving {file_name}"));
         let requirements =

@@ -41,6 +41,7 @@ const PIP_REPORT_MIN: (u32, u32) = (22, 2);
 /// there at all, so a missing pip fails before any resolving.
 const PROBE: &str = r#"
 import sys, sysconfig
+print(sys.executable)
 print(sys.version.split()[0])
 print(sys.implementation.cache_tag or "")
 print(sysconfig.get_config_var("SOABI") or "")
@@ -53,6 +54,10 @@ except ImportError:
 "#;
 
 pub(crate) struct Interpreter {
+    /// The interpreter itself, not a wrapper that found it: pip runs through
+    /// a pyenv shim would run `pyenv rehash` afterwards, which fails when
+    /// two installs race for the shims' lock.
+    pub executable: PathBuf,
     /// Only in resolution memos: environment markers may test the full
     /// version, but bytecode and wheels do not differ between patch releases.
     full_version: String,
@@ -117,7 +122,7 @@ pub(crate) fn probe(python: &Path) -> Result<Interpreter, String> {
     })?;
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
-    let [full_version, cache_tag, soabi, platform, pip_version] = lines[..] else {
+    let [executable, full_version, cache_tag, soabi, platform, pip_version] = lines[..] else {
         return Err(format!("unexpected answer from {}: {text:?}", python.display()));
     };
     if pip_version.is_empty() {
@@ -137,7 +142,10 @@ pub(crate) fn probe(python: &Path) -> Result<Interpreter, String> {
             python.display()
         ));
     }
+    // An interpreter that cannot say where it is (embedded) is run as given.
+    let executable = if executable.is_empty() { python.to_path_buf() } else { PathBuf::from(executable) };
     Ok(Interpreter {
+        executable,
         full_version: full_version.into(),
         cache_tag: cache_tag.into(),
         soabi: soabi.into(),
@@ -438,6 +446,7 @@ mod tests {
         assert_eq!(dists[1].install_spec, "pkg @ git+https://github.com/o/pkg@c0ffee");
 
         let interp = Interpreter {
+            executable: "/usr/bin/python3.11".into(),
             full_version: "3.11.7".into(),
             cache_tag: "cpython-311".into(),
             soabi: "x".into(),

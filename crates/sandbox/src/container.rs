@@ -311,8 +311,10 @@ impl Container {
                 made.map_err(|e| format!("making mountpoint {}: {e}", point.display()))?;
                 a.mountpoints.push(point);
             }
-            attach
-                .push(ipc::mount::bind(&m.src, &m.dst, m.read_only, m.exec).map_err(|e| format!("{}: {e}", m.src.display()))?);
+            attach.push(
+                ipc::mount::bind(&m.src, &m.dst, m.read_only, m.exec)
+                    .map_err(|e| format!("{}: {e}", m.src.display()))?,
+            );
             a.mounts.push(m.dst.clone());
         }
         ipc::mount::apply(self.init_pid, &[], &attach).map_err(|e| format!("mounting into {}: {e}", self.id))?;

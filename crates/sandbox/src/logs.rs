@@ -96,11 +96,8 @@ impl Logs {
         ipc::mkfifo(fifo)?;
         // Read and write: the FIFO never reads end-of-file while writers
         // come and go, and opening it for writing never blocks.
-        let rx = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-            .open(fifo)?;
+        let rx =
+            OpenOptions::new().read(true).write(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(fifo)?;
         ipc::set_pipe_bytes(&rx, PIPE_BYTES);
         let sink = Sink::open(file, caps)?;
         let token = Token(self.inner.next.fetch_add(1, Ordering::Relaxed));

@@ -139,8 +139,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Logs { ref name, ref state_dir, lines } => {
             // `up` gives the engine <state-dir>/engine, which keeps the logs.
             let path = up::state_dir(state_dir.clone()).join("engine").join("logs").join(format!("{name}.log"));
-            let text =
-                std::fs::read(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
+            let text = std::fs::read(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
             // The rotated file first, if the current one is short of lines.
             let mut older = std::fs::read(path.with_extension("log.1")).unwrap_or_default();
             older.extend_from_slice(&text);

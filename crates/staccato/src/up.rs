@@ -315,7 +315,8 @@ fn park() -> ! {
 
 /// Payloads travel in gateway–engine frames, whose bodies are bounded.
 fn check_payload_max(c: &CommonArgs) -> Result<()> {
-    let limit = wire::frame::FRAME_BODY_LEN_MAX - (64 << 10);
+    let limit = (64 << 20) - (64 << 10);
+    const { assert!((64 << 20) <= wire::frame::FRAME_BODY_LEN_MAX) };
     if c.payload_max == 0 || c.payload_max > limit {
         bail!("--payload-max must be between 1 and {limit} bytes, got {}", c.payload_max);
     }

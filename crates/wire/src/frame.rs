@@ -2,9 +2,11 @@
 
 pub const FRAME_HEADER_LEN: usize = 32;
 
-/// Upper bound on a frame body: the largest payload plus room for a name.
-/// A peer announcing more is broken or hostile; the connection is dropped.
-pub const FRAME_BODY_LEN_MAX: usize = 64 << 20;
+/// Upper bound on a frame body: the largest payload or source archive
+/// (64 MiB) plus room for what travels with it (a name, a registration's
+/// JSON). A peer announcing more is broken or hostile; the connection is
+/// dropped.
+pub const FRAME_BODY_LEN_MAX: usize = 65 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u16)]
