@@ -237,7 +237,7 @@ fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf, String> {
     }
     sweep_dead_tmp(seed_root);
     log::info!("building the Go runtime's build cache once ({})", seed.display());
-    let tmp = seed_root.join(format!("tmp-{}-{}", std::process::id(), ipc::monotonic_ns()));
+    let tmp = seed_root.join(format!("tmp-{}-{}", std::process::id(), sys::clock::monotonic_ns()));
     let made = (|| -> Result<(), String> {
         let code = tmp.join("code");
         fs::create_dir_all(&code).map_err(|e| format!("creating {}: {e}", code.display()))?;

@@ -33,7 +33,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// worker killed: it may be stuck in a loop, and its channel closing makes
 /// the pool replace it.
 fn expire(shared: &Shared) {
-    let now_us = ipc::unix_us();
+    let now_us = sys::clock::unix_us();
     let expired: Vec<u64> = {
         let calls = lock(&shared.calls);
         calls.iter().filter(|(_, r)| r.deadline_us <= now_us).map(|(id, _)| *id).collect()
@@ -105,7 +105,7 @@ pub(crate) fn pause_delay(
 }
 
 fn reuse(shared: &Shared, f: &Function, cc: &crate::config::ContainerConfig) {
-    let now = ipc::monotonic_ns();
+    let now = sys::clock::monotonic_ns();
     let mut core = lock(&f.core);
     let Some(c) = core.launcher.container.clone() else { return };
     if core.launcher.state != LauncherState::Ready {

@@ -2,7 +2,9 @@
 
 use crate::spec::Runtime;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
 /// Where engine threads and the workers they feed run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +89,7 @@ impl EngineConfig {
     pub fn new(listen: SocketAddr, ipc_dir: PathBuf, state_dir: PathBuf, runtimes_dir: PathBuf) -> EngineConfig {
         EngineConfig {
             listen,
-            io_threads: ipc::cpus_allowed().len().clamp(1, 8),
+            io_threads: sys::cpu::cpus_allowed().len().clamp(1, 8),
             ipc_dir,
             state_dir: state_dir.clone(),
             runtimes_dir,
@@ -103,7 +105,7 @@ impl EngineConfig {
             cache_budget_bytes: pkgcache::DEFAULT_BUDGET_BYTES,
             secret: api::auth::Secret::random().expect("the kernel's random numbers"),
             max_call_depth: 32,
-            build_seed_dir: if ipc::euid() == 0 {
+            build_seed_dir: if sys::process::euid() == 0 {
                 PathBuf::from("/var/cache/staccato/go-seed")
             } else {
                 state_dir.join("go-seed")
@@ -123,4 +125,123 @@ impl EngineConfig {
             self.worker_spin_us
         }
     }
+}
+
+/// Why [`ContainerConfig::detect`] found no containers.
+#[derive(Debug)]
+pub enum Unavailable {
+    /// This machine cannot make them (no runc, not root, no cgroup v1...):
+    /// a caller may fall back to processes.
+    Missing(String),
+    /// Something that should work did not (the interpreter, the build
+    /// configuration).
+    Failed(String),
+}
+
+impl ContainerConfig {
+    /// Container settings for an engine (or a benchmark) keeping its state
+    /// in `state`, with `runtimes` (the repository's runtimes/ directory)
+    /// bound into each container, or why this machine cannot have them.
+    pub fn detect(
+        runc: &str,
+        python: &str,
+        network: sandbox::Network,
+        pool_size: usize,
+        state: &Path,
+        runtimes: &Path,
+    ) -> Result<ContainerConfig, Unavailable> {
+        let runc_name = runc;
+        let runc = if runc.contains('/') { Some(PathBuf::from(runc)) } else { sandbox::which(runc) };
+        let init = runtimes.join("container/build/staccato-init");
+        let why = match &runc {
+            None => Some(format!("{runc_name} not found on PATH (Debian package runc)")),
+            Some(r) => sandbox::unavailable(r, &init),
+        };
+        if let Some(why) = why {
+            return Err(Unavailable::Missing(why));
+        }
+        let out = Command::new(python)
+            .args(["-c", "import sys; print(sys.executable); print(sys.base_prefix)"])
+            .output()
+            .map_err(|e| Unavailable::Failed(format!("running {python}: {e}")))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = text.lines();
+        let (Some(exe), Some(prefix)) = (lines.next(), lines.next()) else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return Err(Unavailable::Failed(format!("cannot ask {python} where it lives: {err}")));
+        };
+        let (python_exe, python_prefix) = (PathBuf::from(exe), PathBuf::from(prefix));
+        // Several engines (or a test next to a `staccato up`) must not share
+        // container names, cgroups or network namespaces.
+        let prefix = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            state.hash(&mut h);
+            format!("s{:05x}", h.finish() & 0xfffff)
+        };
+        let sandbox = sandbox::Settings {
+            dir: state.join("containers"),
+            prefix,
+            runc: runc.expect("checked above"),
+            init,
+            binds: vec![
+                (runtimes.to_path_buf(), CONTAINER_RUNTIMES.into()),
+                (python_prefix.clone(), CONTAINER_PYTHON.into()),
+            ],
+            network,
+            host_ports: None,
+            uid_base: 200_000,
+            tmp_dir: "/tmp".into(),
+            tmp_bytes: 64 << 20,
+            neutral: sandbox::Limits { memory_bytes: 64 << 20, pids: 32, cpu_shares: None },
+            pool_size,
+            warm_python: None,
+        };
+        let mut sandbox = sandbox;
+        // Every pooled container keeps a Python interpreter with the runtime
+        // imported (runtimes/python/staccato/warm.py): Python functions then
+        // start without paying for it; others have it killed first (~1 ms).
+        let exe = python_exe.strip_prefix(&python_prefix).unwrap_or(Path::new("bin/python3"));
+        let inside = Path::new(CONTAINER_PYTHON).join(exe);
+        sandbox.warm_python = Some(sandbox::Command {
+            argv: vec![inside.display().to_string(), "-u".into(), "-m".into(), "staccato.warm".into()],
+            env: vec![
+                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+                ("HOME".into(), "/tmp".into()),
+                ("LANG".into(), "C.UTF-8".into()),
+                ("PYTHONPATH".into(), format!("{}/python", CONTAINER_RUNTIMES)),
+            ],
+        });
+        Ok(ContainerConfig {
+            sandbox,
+            python_exe,
+            python_prefix,
+            pause: true,
+            pause_min: Duration::from_millis(100),
+            pause_max: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(300),
+            build: crate::build::build_config(&[]).map_err(Unavailable::Failed)?,
+        })
+    }
+}
+
+/// The repository's runtimes/ directory: `arg` if given, else next to the
+/// binary (target/release/staccato → ../../runtimes), or the working
+/// directory's.
+pub fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf, String> {
+    if let Some(p) = arg {
+        return Ok(p);
+    }
+    let mut candidates = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        for anc in exe.ancestors().skip(1).take(4) {
+            candidates.push(anc.join("runtimes"));
+        }
+    }
+    candidates.push(PathBuf::from("runtimes"));
+    candidates
+        .into_iter()
+        .find(|p| p.join("python/staccato").is_dir())
+        .map(|p| p.canonicalize().unwrap_or(p))
+        .ok_or_else(|| "cannot find the runtimes/ directory; pass --runtimes-dir".to_string())
 }

@@ -7,7 +7,6 @@
 //! payload files live on tmpfs, so reading and writing them is a memory copy.
 
 use crate::shared::{lock, CallRecord, Cmd, Function, GatewayReply, LauncherState, Origin, Outcome, Payload, Shared};
-use ipc::{MessageReader, ReadStatus};
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -17,6 +16,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
+use sys::channel::{MessageReader, ReadStatus};
 use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use wire::message::{shm_file_name, Header, Kind, Message, INLINE_LEN_MAX};
 use wire::ErrorKind;
@@ -61,7 +61,7 @@ impl IoThread {
 
     pub fn run(mut self) {
         if let Some(cpu) = self.shared.cpu_of(self.idx) {
-            if let Err(e) = ipc::set_affinity(0, &[cpu]) {
+            if let Err(e) = sys::cpu::set_affinity(0, &[cpu]) {
                 log::warn!("pinning I/O thread {} to CPU {cpu}: {e}", self.idx);
             }
         }
@@ -87,7 +87,7 @@ impl IoThread {
                     }
                 }
             }
-            let now = ipc::monotonic_ns();
+            let now = sys::clock::monotonic_ns();
             if !events.is_empty() && self.shared.cfg.engine_spin_us > 0 {
                 self.spin_until_ns = now + u64::from(self.shared.cfg.engine_spin_us) * 1000;
             }
@@ -96,7 +96,7 @@ impl IoThread {
     }
 
     fn poll_timeout(&self) -> Option<Duration> {
-        let now = ipc::monotonic_ns();
+        let now = sys::clock::monotonic_ns();
         if now < self.spin_until_ns {
             return Some(Duration::ZERO);
         }
@@ -123,7 +123,7 @@ impl IoThread {
                     });
                     if let Some(t) = t {
                         self.remove_entry(t);
-                        ipc::EngineChannel::remove_files(&func.dir, worker_id);
+                        sys::channel::EngineChannel::remove_files(&func.dir, worker_id);
                     }
                 }
                 Cmd::Reply { conn, frame } => self.queue_write(conn, &frame),
@@ -250,7 +250,7 @@ impl IoThread {
             let never_ready = core.launcher.state == LauncherState::Starting;
             // Under the lock: once `Down` is visible, another thread may
             // start a new launcher whose FIFOs have these names.
-            ipc::EngineChannel::remove_files(&func.dir, 0);
+            sys::channel::EngineChannel::remove_files(&func.dir, 0);
             core.launcher.state = LauncherState::Down;
             core.launcher.tx = None;
             core.launcher.pid = 0;
@@ -314,7 +314,7 @@ impl IoThread {
     fn on_worker_hello(&mut self, func: &Arc<Function>, worker_id: u32, pid: u32) {
         let (known, container) = {
             let mut core = lock(&func.core);
-            let ok = core.sched.worker_ready(worker_id, ipc::monotonic_ns());
+            let ok = core.sched.worker_ready(worker_id, sys::clock::monotonic_ns());
             if let Some(h) = core.workers.get_mut(&worker_id) {
                 h.pid = pid;
             }
@@ -335,7 +335,7 @@ impl IoThread {
                 None => Some(pid),
             };
             if let Some(p) = host_pid {
-                let _ = ipc::set_affinity(p as i32, &[cpu]);
+                let _ = sys::cpu::set_affinity(p as i32, &[cpu]);
             }
         }
         let replies = self.shared.pump(func, self.idx);
@@ -347,7 +347,7 @@ impl IoThread {
         let max = self.shared.cfg.payload_len_max;
         let outcome = if h.kind == Kind::Completion && h.payload_len as usize > max {
             // Runtimes enforce the limit themselves; this guards the frames.
-            ipc::shm::remove(&func.dir, &shm_file_name(call_id, Kind::Completion));
+            sys::payload::remove(&func.dir, &shm_file_name(call_id, Kind::Completion));
             let msg = format!("output of {} bytes exceeds the {max}-byte limit", h.payload_len);
             Outcome::Err(ErrorKind::OutputTooLarge, msg)
         } else if h.kind == Kind::Completion {
@@ -358,7 +358,7 @@ impl IoThread {
             })
         } else {
             let text = if h.in_shm() {
-                ipc::shm::take(&func.dir, &shm_file_name(call_id, Kind::Failure), h.payload_len as usize)
+                sys::payload::take(&func.dir, &shm_file_name(call_id, Kind::Failure), h.payload_len as usize)
                     .unwrap_or_default()
             } else {
                 m.inline(h).to_vec()
@@ -366,7 +366,7 @@ impl IoThread {
             let kind = ErrorKind::from_code(h.error_kind).unwrap_or(ErrorKind::FunctionError);
             Outcome::Err(kind, String::from_utf8_lossy(&text).into_owned())
         };
-        let now = ipc::monotonic_ns();
+        let now = sys::clock::monotonic_ns();
         let rec = lock(&self.shared.calls).remove(&call_id);
         {
             let mut core = lock(&func.core);
@@ -391,7 +391,7 @@ impl IoThread {
             // The call timed out meanwhile: drop its output.
             None => {
                 if let Outcome::Ok(Payload::Shm(_)) = outcome {
-                    ipc::shm::remove(&func.dir, &shm_file_name(call_id, Kind::Completion));
+                    sys::payload::remove(&func.dir, &shm_file_name(call_id, Kind::Completion));
                 }
             }
         }
@@ -416,7 +416,7 @@ impl IoThread {
         let Some(tx) = tx else { return };
         let reject = |kind: ErrorKind, msg: String| {
             if h.in_shm() {
-                ipc::shm::remove(&caller.dir, &shm_file_name(h.call_id, Kind::Invoke));
+                sys::payload::remove(&caller.dir, &shm_file_name(h.call_id, Kind::Invoke));
             }
             let mut f = Header::new(Kind::Failure);
             f.call_id = h.call_id;
@@ -424,7 +424,7 @@ impl IoThread {
             let mut b = msg.into_bytes();
             b.truncate(INLINE_LEN_MAX);
             f.payload_len = b.len() as u32;
-            let _ = ipc::write_message(&tx, &Message::new(&f, &b));
+            let _ = sys::channel::write_message(&tx, &Message::new(&f, &b));
         };
         // A channel message is the function's word, not the engine's: the
         // call id must be this worker's own (docs/protocol.md "Call ids"),
@@ -448,7 +448,7 @@ impl IoThread {
         let Some(callee) = self.shared.function(&name) else {
             return reject(ErrorKind::NotFound, format!("no function named {name:?}"));
         };
-        let now_us = ipc::unix_us();
+        let now_us = sys::clock::unix_us();
         let mut deadline_us = now_us + callee.spec.timeout_ms * 1000;
         if h.deadline_us != 0 {
             deadline_us = deadline_us.min(h.deadline_us);
@@ -491,7 +491,7 @@ impl IoThread {
                 );
             }
             let file = shm_file_name(h.call_id, Kind::Invoke);
-            if let Err(e) = ipc::shm::forward(&caller.dir, &callee.dir, &file) {
+            if let Err(e) = sys::payload::forward(&caller.dir, &callee.dir, &file) {
                 return reject(ErrorKind::BadRequest, format!("input payload file: {e}"));
             }
             Payload::Shm(len)
@@ -580,7 +580,7 @@ impl IoThread {
         if fh.a > 0 {
             timeout_ms = timeout_ms.min(u64::from(fh.a));
         }
-        let deadline_us = ipc::unix_us() + timeout_ms * 1000;
+        let deadline_us = sys::clock::unix_us() + timeout_ms * 1000;
         let origin = Origin::Gateway { thread: self.idx, conn };
         let rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us);
         self.submit(fh.call_id, rec);
@@ -647,12 +647,12 @@ fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, 
         input: Some(input),
         parent_call_id: parent,
         deadline_us,
-        recv_ns: ipc::monotonic_ns(),
+        recv_ns: sys::clock::monotonic_ns(),
         dispatch_ns: 0,
         worker: None,
         sub_queue_ns: 0,
         cold: false,
         nested: false,
-        recv_unix_us: ipc::unix_us(),
+        recv_unix_us: sys::clock::unix_us(),
     }
 }

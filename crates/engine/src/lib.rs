@@ -65,7 +65,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         mailboxes.push(Mailbox { queue: Mutex::new(Vec::new()), waker });
         polls.push(poll);
     }
-    let cpus = ipc::cpus_allowed();
+    let cpus = sys::cpu::cpus_allowed();
     let pool = match &cfg.containers {
         Some(cc) => Some(sandbox::Pool::new(cc.sandbox.clone()).map_err(io::Error::other)?),
         None => None,

@@ -58,7 +58,7 @@ impl FnCore {
     pub fn kill(&self, pid: u32) {
         let _ = match &self.launcher.container {
             Some(c) => c.kill(pid),
-            None => ipc::kill(pid),
+            None => sys::process::kill(pid),
         };
     }
 
@@ -320,7 +320,7 @@ impl Shared {
     /// `pump`, plus (with `housekeeping`) stopping surplus idle workers.
     /// Shrinking happens only from the periodic housekeeping tick.
     pub fn pump_with(&self, func: &Arc<Function>, cur: usize, housekeeping: bool) -> Vec<GatewayReply> {
-        let now = ipc::monotonic_ns();
+        let now = sys::clock::monotonic_ns();
         let actions = {
             let mut core = lock(&func.core);
             if core.removed {
@@ -384,7 +384,7 @@ impl Shared {
                         // its channel is read.
                         self.next_owner.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len()
                     };
-                    let made = ipc::EngineChannel::create(&func.dir, worker_id).and_then(|ch| {
+                    let made = sys::channel::EngineChannel::create(&func.dir, worker_id).and_then(|ch| {
                         if let Some(c) = &core.launcher.container {
                             give_channel(&func.dir, worker_id, c.uid)?;
                         }
@@ -445,7 +445,7 @@ impl Shared {
                     Payload::Bytes(b) => {
                         header.flags = FLAG_PAYLOAD_IN_SHM;
                         header.payload_len = b.len() as u32;
-                        if let Err(e) = ipc::shm::write(&func.dir, &shm_file_name(call_id, Kind::Dispatch), &b) {
+                        if let Err(e) = sys::payload::write(&func.dir, &shm_file_name(call_id, Kind::Dispatch), &b) {
                             self.dispatch_failed(func, header.worker_id, false);
                             self.fail_call(
                                 call_id,
@@ -463,9 +463,9 @@ impl Shared {
                         None
                     }
                 };
-                header.send_ts_ns = ipc::monotonic_ns();
+                header.send_ts_ns = sys::clock::monotonic_ns();
                 let msg = Message::new(&header, inline.as_deref().unwrap_or(&[]));
-                if let Err(e) = ipc::write_message(&tx, &msg) {
+                if let Err(e) = sys::channel::write_message(&tx, &msg) {
                     // The worker is not reading (a full pipe): it cannot be
                     // trusted with calls; recycle it. This call fails now.
                     self.dispatch_failed(func, header.worker_id, true);
@@ -475,7 +475,7 @@ impl Shared {
             Action::CreateWorker { launcher_tx, worker_id } => {
                 let mut h = Header::new(Kind::CreateWorker);
                 h.worker_id = worker_id;
-                if let Err(e) = ipc::write_message(&launcher_tx, &Message::new(&h, &[])) {
+                if let Err(e) = sys::channel::write_message(&launcher_tx, &Message::new(&h, &[])) {
                     log::error!("{}: asking launcher for worker {worker_id}: {e}", func.spec.name);
                 }
             }
@@ -485,7 +485,7 @@ impl Shared {
             Action::Stop { tx, worker_id } => {
                 let mut h = Header::new(Kind::StopWorker);
                 h.worker_id = worker_id;
-                let _ = ipc::write_message(&tx, &Message::new(&h, &[]));
+                let _ = sys::channel::write_message(&tx, &Message::new(&h, &[]));
             }
             Action::Fail { call_id, kind, message } => self.fail_call(call_id, kind, message, replies),
         }
@@ -524,7 +524,7 @@ impl Shared {
         outcome: Outcome,
         from_dir: Option<&PathBuf>,
     ) -> Option<GatewayReply> {
-        let now = ipc::monotonic_ns();
+        let now = sys::clock::monotonic_ns();
         match rec.origin {
             Origin::Gateway { thread, conn } => {
                 let timing = timing_of(&rec, now);
@@ -533,7 +533,7 @@ impl Shared {
             }
             Origin::Worker { ref func, ref tx } => {
                 let msg = worker_reply(call_id, outcome, from_dir, &func.dir);
-                if let Err(e) = ipc::write_message(tx, &msg) {
+                if let Err(e) = sys::channel::write_message(tx, &msg) {
                     log::warn!("{}: reply to caller lost: {e}", func.spec.name);
                 }
                 None
@@ -549,7 +549,7 @@ impl Shared {
             worker_id,
             receive_ns: rec.recv_ns,
             dispatch_ns: rec.dispatch_ns,
-            complete_ns: ipc::monotonic_ns(),
+            complete_ns: sys::clock::monotonic_ns(),
             outcome,
         };
         let mut ring = lock(&self.traces);
@@ -579,13 +579,13 @@ impl Shared {
             }
             (r, pid, oom)
         };
-        ipc::EngineChannel::remove_files(&func.dir, worker_id);
-        ipc::shm::remove_prefixed(&func.dir, &format!("{worker_id:08x}"));
+        sys::channel::EngineChannel::remove_files(&func.dir, worker_id);
+        sys::payload::remove_prefixed(&func.dir, &format!("{worker_id:08x}"));
         let mut replies = Vec::new();
         match removed {
             Removed::CrashedDuring(call_id) => {
                 lock(&func.core).launcher.crashed_mid_call = true;
-                ipc::shm::remove(&func.dir, &shm_file_name(call_id, Kind::Dispatch));
+                sys::payload::remove(&func.dir, &shm_file_name(call_id, Kind::Dispatch));
                 let (kind, msg) = if oom {
                     (ErrorKind::OutOfMemory, oom_message(func))
                 } else {
@@ -639,7 +639,7 @@ impl Shared {
 
     pub fn status(&self) -> Vec<api::control::FunctionStatus> {
         use api::control::{ContainerStatus, FunctionStatus};
-        let now = ipc::monotonic_ns();
+        let now = sys::clock::monotonic_ns();
         let mut out: Vec<FunctionStatus> = self
             .functions()
             .iter()
@@ -704,7 +704,7 @@ impl Launcher {
 /// Lets a container's user open a channel's FIFOs (they are made 0600 by
 /// root; the function's directory is the container's only view of them).
 pub(crate) fn give_channel(dir: &Path, id: u32, uid: u32) -> std::io::Result<()> {
-    let (e2w, w2e) = ipc::channel_paths(dir, id);
+    let (e2w, w2e) = sys::channel::channel_paths(dir, id);
     std::os::unix::fs::chown(e2w, Some(uid), Some(uid))?;
     std::os::unix::fs::chown(w2e, Some(uid), Some(uid))
 }
@@ -740,7 +740,7 @@ fn gateway_frame(call_id: u64, outcome: Outcome, timing: Timing, from_dir: Optio
         Outcome::Ok(Payload::Bytes(b)) => (FrameKind::Result, 0, b),
         Outcome::Ok(Payload::Shm(len)) => {
             let name = shm_file_name(call_id, Kind::Completion);
-            match from_dir.map(|d| ipc::shm::take(d, &name, len)) {
+            match from_dir.map(|d| sys::payload::take(d, &name, len)) {
                 Some(Ok(b)) => (FrameKind::Result, 0, b),
                 Some(Err(e)) => (FrameKind::Error, ErrorKind::Internal.code(), format!("reading output: {e}").into()),
                 None => (FrameKind::Error, ErrorKind::Internal.code(), b"output file missing".to_vec()),
@@ -769,7 +769,7 @@ fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_d
         }
         Outcome::Ok(Payload::Bytes(b)) => {
             let mut h = Header::new(Kind::Completion);
-            match ipc::shm::write(to_dir, &name, &b) {
+            match sys::payload::write(to_dir, &name, &b) {
                 Ok(()) => {
                     h.flags = FLAG_PAYLOAD_IN_SHM;
                     h.payload_len = b.len() as u32;
@@ -778,7 +778,7 @@ fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_d
                 Err(e) => failure_header(ErrorKind::Internal, format!("writing output payload: {e}")),
             }
         }
-        Outcome::Ok(Payload::Shm(len)) => match from_dir.map(|d| ipc::shm::forward(d, to_dir, &name)) {
+        Outcome::Ok(Payload::Shm(len)) => match from_dir.map(|d| sys::payload::forward(d, to_dir, &name)) {
             Some(Ok(())) => {
                 let mut h = Header::new(Kind::Completion);
                 h.flags = FLAG_PAYLOAD_IN_SHM;
@@ -790,7 +790,7 @@ fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_d
         Outcome::Err(k, m) => failure_header(k, m),
     };
     h.call_id = call_id;
-    h.send_ts_ns = ipc::monotonic_ns();
+    h.send_ts_ns = sys::clock::monotonic_ns();
     Message::new(&h, &inline)
 }
 

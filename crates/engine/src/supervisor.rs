@@ -248,7 +248,7 @@ impl Supervisor {
         let Some(mut rec) = lock(&self.shared.calls).remove(&call_id) else { return Vec::new() };
         if let Some(crate::shared::Payload::Shm(_)) = rec.input {
             let name = wire::message::shm_file_name(call_id, wire::Kind::Invoke);
-            if let Err(e) = ipc::shm::forward(&old.dir, &new.dir, &name) {
+            if let Err(e) = sys::payload::forward(&old.dir, &new.dir, &name) {
                 let mut replies = Vec::new();
                 lock(&self.shared.calls).insert(call_id, rec);
                 let msg =
@@ -305,7 +305,7 @@ impl Supervisor {
             (Some(c), Some(pool)) => pool.give_back(c, true),
             _ => {
                 for pid in pids {
-                    let _ = ipc::kill(pid);
+                    let _ = sys::process::kill(pid);
                 }
             }
         }
@@ -338,7 +338,8 @@ impl Supervisor {
     fn spawn_launcher(&mut self, f: &Arc<Function>) -> Result<(), String> {
         let cfg = &self.shared.cfg;
         fs::create_dir_all(f.dir.join("shm")).map_err(|e| format!("creating {}: {e}", f.dir.display()))?;
-        let ch = ipc::EngineChannel::create(&f.dir, 0).map_err(|e| format!("creating launcher channel: {e}"))?;
+        let ch =
+            sys::channel::EngineChannel::create(&f.dir, 0).map_err(|e| format!("creating launcher channel: {e}"))?;
         if let (Some(pool), Some(cc)) = (self.shared.pool.clone(), cfg.containers.clone()) {
             return self.spawn_in_container(f, ch, pool, &cc);
         }
@@ -353,7 +354,7 @@ impl Supervisor {
             .stdin(Stdio::null())
             .stdout(writer()?)
             .stderr(writer()?);
-        ipc::kill_child_with_parent(&mut cmd);
+        sys::process::kill_child_with_parent(&mut cmd);
         let child = cmd.spawn().map_err(|e| format!("running {:?}: {e}", cmd.get_program()))?;
         let pid = child.id();
         self.children.push((child, f.clone()));
@@ -374,7 +375,7 @@ impl Supervisor {
     fn spawn_in_container(
         &mut self,
         f: &Arc<Function>,
-        ch: ipc::EngineChannel,
+        ch: sys::channel::EngineChannel,
         pool: sandbox::Pool,
         cc: &crate::config::ContainerConfig,
     ) -> Result<(), String> {

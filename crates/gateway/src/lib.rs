@@ -121,7 +121,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         reserve: AtomicUsize::new(0),
         warned_full_s: AtomicU64::new(0),
     });
-    let cpus = ipc::cpus_allowed();
+    let cpus = sys::cpu::cpus_allowed();
     let mut listeners = vec![first];
     for _ in 1..threads {
         listeners.push(bind(addr).map_err(|e| GatewayError::Listen(addr, e))?);
@@ -187,7 +187,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 
 fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, cpu: Option<usize>) {
     if let Some(c) = cpu {
-        let _ = ipc::set_affinity(0, &[c]);
+        let _ = sys::cpu::set_affinity(0, &[c]);
     }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -211,7 +211,7 @@ impl Builder {
     fn run_at(&self, index: u32, job: &Job) -> Result<Finished, BuildError> {
         let sandbox = |e: String| BuildError::Sandbox(e);
         // The scratch tmpfs first: the container's uid owns what is in it.
-        let scratch = ipc::mount::tmpfs(Path::new("/"), self.cfg.output_bytes)
+        let scratch = sys::mount::tmpfs(Path::new("/"), self.cfg.output_bytes)
             .map_err(|e| sandbox(format!("making the build's scratch tmpfs: {e}")))?;
         let root = scratch.path();
         let uid = self.settings.uid_base + index;
@@ -495,7 +495,7 @@ mod tests {
         std::os::unix::fs::symlink("f", src.join("d/in")).unwrap();
         std::os::unix::fs::symlink("/etc/shadow", src.join("d/abs")).unwrap();
         std::os::unix::fs::symlink("../../x", src.join("d/up")).unwrap();
-        ipc::mkfifo(&src.join("fifo")).unwrap();
+        sys::pipe::mkfifo(&src.join("fifo")).unwrap();
         fs::write(dst.join("old"), b"y").unwrap();
         std::os::unix::fs::symlink(".", src.join("d/s")).unwrap();
         // Text alone says "inside"; through the link `s` it climbs out.

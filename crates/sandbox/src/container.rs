@@ -133,7 +133,7 @@ impl Container {
             bundle::make_rootfs(&dir.join("rootfs"), settings)?;
             for fifo in ["ctl", "status", "warm"] {
                 let p = dir.join("slot").join(fifo);
-                ipc::mkfifo(&p)?;
+                sys::pipe::mkfifo(&p)?;
                 chown(&p, Some(uid), Some(uid))?;
             }
             Ok(())
@@ -312,12 +312,12 @@ impl Container {
                 a.mountpoints.push(point);
             }
             attach.push(
-                ipc::mount::bind(&m.src, &m.dst, m.read_only, m.exec)
+                sys::mount::bind(&m.src, &m.dst, m.read_only, m.exec)
                     .map_err(|e| format!("{}: {e}", m.src.display()))?,
             );
             a.mounts.push(m.dst.clone());
         }
-        ipc::mount::apply(self.init_pid, &[], &attach).map_err(|e| format!("mounting into {}: {e}", self.id))?;
+        sys::mount::apply(self.init_pid, &[], &attach).map_err(|e| format!("mounting into {}: {e}", self.id))?;
         self.set_limits(&s.limits)?;
         a.oom_kills_at_start = self.oom_kills();
         drop(a);
@@ -434,7 +434,7 @@ impl Container {
     /// SIGKILLs the process known as `ns_pid` inside the container.
     pub fn kill(&self, ns_pid: u32) -> io::Result<()> {
         match self.host_pid(ns_pid) {
-            Some(p) if p != self.init_pid => ipc::kill(p),
+            Some(p) if p != self.init_pid => sys::process::kill(p),
             _ => Err(io::Error::from(io::ErrorKind::NotFound)),
         }
     }
@@ -453,7 +453,7 @@ impl Container {
             // A frozen process cannot die.
             self.thaw();
             for p in rest {
-                let _ = ipc::kill(p);
+                let _ = sys::process::kill(p);
             }
             std::thread::sleep(Duration::from_micros(100));
         }
@@ -502,8 +502,8 @@ impl Container {
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         let mut unmount = std::mem::take(&mut a.mounts);
         unmount.push(settings.tmp_dir.clone());
-        let tmp = ipc::mount::tmpfs(&settings.tmp_dir, settings.tmp_bytes).map_err(|e| e.to_string())?;
-        ipc::mount::apply(self.init_pid, &unmount, &[tmp]).map_err(|e| format!("unmounting: {e}"))?;
+        let tmp = sys::mount::tmpfs(&settings.tmp_dir, settings.tmp_bytes).map_err(|e| e.to_string())?;
+        sys::mount::apply(self.init_pid, &unmount, &[tmp]).map_err(|e| format!("unmounting: {e}"))?;
         for p in std::mem::take(&mut a.mountpoints).iter().rev() {
             let _ = fs::remove_dir(p).or_else(|_| fs::remove_file(p));
         }

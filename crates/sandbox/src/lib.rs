@@ -117,7 +117,7 @@ pub struct Start {
 
 /// Why containers cannot be used here, or None when they can.
 pub fn unavailable(runc: &Path, init: &Path) -> Option<String> {
-    if ipc::euid() != 0 {
+    if sys::process::euid() != 0 {
         return Some("containers need root (runc with cgroup limits)".into());
     }
     if !runc.is_file() {

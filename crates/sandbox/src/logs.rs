@@ -93,12 +93,12 @@ impl Logs {
     /// The stream lives as long as its last `Arc`; then the FIFO goes.
     pub fn open(&self, fifo: &Path, file: &Path, caps: Caps) -> io::Result<Arc<Stream>> {
         caps.check().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        ipc::mkfifo(fifo)?;
+        sys::pipe::mkfifo(fifo)?;
         // Read and write: the FIFO never reads end-of-file while writers
         // come and go, and opening it for writing never blocks.
         let rx =
             OpenOptions::new().read(true).write(true).custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(fifo)?;
-        ipc::set_pipe_bytes(&rx, PIPE_BYTES);
+        sys::pipe::set_pipe_bytes(&rx, PIPE_BYTES);
         let sink = Sink::open(file, caps)?;
         let token = Token(self.inner.next.fetch_add(1, Ordering::Relaxed));
         let stream = Arc::new(Stream {

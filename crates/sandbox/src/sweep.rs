@@ -114,7 +114,7 @@ fn sweep_prefix(prefix: &str) {
             break;
         }
         for p in pids {
-            let _ = ipc::kill(p);
+            let _ = sys::process::kill(p);
         }
         std::thread::sleep(Duration::from_millis(10));
     }

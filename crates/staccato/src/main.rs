@@ -5,15 +5,12 @@
 
 mod bench;
 mod cache_cmd;
-mod client;
-mod coldstart;
-mod deploy;
 mod new;
 mod up;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::{Parser, Subcommand};
-use client::Client;
+use client::{check, Client};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -193,23 +190,11 @@ fn token(cli: &Cli) -> Option<String> {
     }
     let local = Client::new(&cli.gateway, None).is_ok_and(|c| c.is_loopback());
     let state = up::state_dir(std::env::var_os("STACCATO_STATE_DIR").map(PathBuf::from));
-    local.then(|| up::read_token(&state)).flatten()
+    local.then(|| client::read_token(&state)).flatten()
 }
 
 fn unreachable(gw: &str) -> impl Fn(std::io::Error) -> anyhow::Error + '_ {
     move |e| anyhow!("cannot reach the gateway at {gw}: {e} (is `staccato up` running?)")
-}
-
-/// Turns an error response into an error carrying the gateway's message.
-fn check(r: &client::Response) -> Result<Value> {
-    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    if r.status >= 400 {
-        let kind = v["error"]["kind"].as_str().unwrap_or("error");
-        let msg =
-            v["error"]["message"].as_str().map(String::from).unwrap_or_else(|| String::from_utf8_lossy(&r.body).into());
-        bail!("{kind} (HTTP {}): {msg}", r.status);
-    }
-    Ok(v)
 }
 
 fn manifest_path(path: &Path) -> PathBuf {
@@ -234,7 +219,7 @@ fn deploy(c: &mut Client, path: &Path) -> Result<()> {
         print!("Deploying {} ({}) ... ", spec.name, spec.runtime.name());
         std::io::stdout().flush().ok();
         let t = Instant::now();
-        match deploy::deploy_function(c, &f) {
+        match client::deploy::deploy_function(c, &f) {
             Ok(v) => match v["notes"][&spec.name].as_str() {
                 Some(n) => println!("ok ({:.2}s; {n})", t.elapsed().as_secs_f64()),
                 None => println!("ok ({:.2}s)", t.elapsed().as_secs_f64()),

@@ -4,6 +4,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
+use engine::config::{ContainerConfig, Unavailable};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -216,26 +217,6 @@ pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
     })
 }
 
-/// The repository's runtimes/ directory: next to the binary
-/// (target/release/staccato → ../../runtimes), or the working directory's.
-pub(crate) fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(p) = arg {
-        return Ok(p);
-    }
-    let mut candidates = Vec::new();
-    if let Ok(exe) = std::env::current_exe() {
-        for anc in exe.ancestors().skip(1).take(4) {
-            candidates.push(anc.join("runtimes"));
-        }
-    }
-    candidates.push(PathBuf::from("runtimes"));
-    candidates
-        .into_iter()
-        .find(|p| p.join("python/staccato").is_dir())
-        .map(|p| p.canonicalize().unwrap_or(p))
-        .ok_or_else(|| anyhow!("cannot find the runtimes/ directory; pass --runtimes-dir"))
-}
-
 pub fn up(args: UpArgs) -> Result<()> {
     let state = state_dir(args.common.state_dir.clone());
     std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
@@ -249,7 +230,7 @@ pub fn up(args: UpArgs) -> Result<()> {
     // Before anything is touched: another instance may own these.
     let _locks = lock_dirs(&state, &ipc_dir)?;
     init_logging();
-    ipc::block_termination_signals();
+    sys::process::block_termination_signals();
     let secret = api::auth::Secret::random().map_err(|e| anyhow!("{e}"))?;
     let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc, secret.clone())?;
     let gw = start_gateway(&args.common, &args.gateway, engine.addr, &state, secret)?;
@@ -271,7 +252,7 @@ pub fn engine_only(args: EngineCmd) -> Result<()> {
     let ipc_dir = args.engine.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(&default_ipc));
     let _locks = lock_dirs(&state, &ipc_dir)?;
     init_logging();
-    ipc::block_termination_signals();
+    sys::process::block_termination_signals();
     let loopback = args.engine.engine_listen.ip().is_loopback();
     let (secret, from) = engine_secret(&args.secret, &state, loopback)?;
     let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc, secret)?;
@@ -287,7 +268,7 @@ pub fn engine_only(args: EngineCmd) -> Result<()> {
 /// Runs until SIGTERM/SIGINT, then removes the engine's containers.
 fn wait_and_stop(engine: &engine::Engine) -> Result<()> {
     std::io::Write::flush(&mut std::io::stdout()).ok();
-    let sig = ipc::wait_termination();
+    let sig = sys::process::wait_termination();
     log::info!("signal {sig}: stopping");
     engine.shutdown();
     std::process::exit(0)
@@ -331,7 +312,7 @@ fn start_engine(
     secret: api::auth::Secret,
 ) -> Result<(engine::Engine, PathBuf)> {
     check_payload_max(c)?;
-    let runtimes = find_runtimes(e.runtimes_dir.clone())?;
+    let runtimes = engine::config::find_runtimes(e.runtimes_dir.clone()).map_err(|e| anyhow!(e))?;
     let ipc_dir = e.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(default_ipc));
     // Leftovers of an earlier run (FIFOs, payload files) mean nothing now.
     let _ = std::fs::remove_dir_all(&ipc_dir);
@@ -382,7 +363,22 @@ fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Opt
         NetworkArg::Host => sandbox::Network::Host,
         NetworkArg::Isolated => sandbox::Network::Isolated,
     };
-    let mut cc = containers(e.isolation, &e.runc, &e.python, network, e.pool_size, state, runtimes)?;
+    let mut cc = match e.isolation {
+        IsolationArg::Process => None,
+        IsolationArg::Auto | IsolationArg::Container => {
+            let required = e.isolation == IsolationArg::Container;
+            let found = ContainerConfig::detect(&e.runc, &e.python, network, e.pool_size, state, runtimes);
+            match found {
+                Ok(cc) => Some(cc),
+                Err(Unavailable::Missing(why)) if !required => {
+                    log::warn!("functions run as plain processes, without isolation: {why}");
+                    None
+                }
+                Err(Unavailable::Missing(why)) => bail!("--isolation container: {why}"),
+                Err(Unavailable::Failed(why)) => bail!("{why}"),
+            }
+        }
+    };
     if let Some(cc) = &mut cc {
         let memory = pkgcache::parse_size(&e.build_memory)
             .map_err(|err| anyhow::anyhow!("--build-memory {:?}: {err}", e.build_memory))?;
@@ -409,96 +405,6 @@ fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Opt
     Ok(cc)
 }
 
-/// Container settings for an engine (or a benchmark) with state in `state`.
-pub(crate) fn containers(
-    isolation: IsolationArg,
-    runc: &str,
-    python: &str,
-    network: sandbox::Network,
-    pool_size: usize,
-    state: &Path,
-    runtimes: &Path,
-) -> Result<Option<engine::ContainerConfig>> {
-    if isolation == IsolationArg::Process {
-        return Ok(None);
-    }
-    let runc_name = runc;
-    let runc = if runc.contains('/') { Some(PathBuf::from(runc)) } else { sandbox::which(runc) };
-    let init = runtimes.join("container/build/staccato-init");
-    let why = match &runc {
-        None => Some(format!("{runc_name} not found on PATH (Debian package runc)")),
-        Some(r) => sandbox::unavailable(r, &init),
-    };
-    if let Some(why) = why {
-        if isolation == IsolationArg::Container {
-            bail!("--isolation container: {why}");
-        }
-        log::warn!("functions run as plain processes, without isolation: {why}");
-        return Ok(None);
-    }
-    let out = Command::new(python)
-        .args(["-c", "import sys; print(sys.executable); print(sys.base_prefix)"])
-        .output()
-        .with_context(|| format!("running {python}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut lines = text.lines();
-    let (Some(exe), Some(prefix)) = (lines.next(), lines.next()) else {
-        bail!("cannot ask {python} where it lives: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let (python_exe, python_prefix) = (PathBuf::from(exe), PathBuf::from(prefix));
-    // Several engines (or a test next to a `staccato up`) must not share
-    // container names, cgroups or network namespaces.
-    let prefix = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        state.hash(&mut h);
-        format!("s{:05x}", h.finish() & 0xfffff)
-    };
-    let sandbox = sandbox::Settings {
-        dir: state.join("containers"),
-        prefix,
-        runc: runc.expect("checked above"),
-        init,
-        binds: vec![
-            (runtimes.to_path_buf(), engine::config::CONTAINER_RUNTIMES.into()),
-            (python_prefix.clone(), engine::config::CONTAINER_PYTHON.into()),
-        ],
-        network,
-        host_ports: None,
-        uid_base: 200_000,
-        tmp_dir: "/tmp".into(),
-        tmp_bytes: 64 << 20,
-        neutral: sandbox::Limits { memory_bytes: 64 << 20, pids: 32, cpu_shares: None },
-        pool_size,
-        warm_python: None,
-    };
-    let mut sandbox = sandbox;
-    // Every pooled container keeps a Python interpreter with the runtime
-    // imported (runtimes/python/staccato/warm.py): Python functions then
-    // start without paying for it; others have it killed first (~1 ms).
-    let exe = python_exe.strip_prefix(&python_prefix).unwrap_or(Path::new("bin/python3"));
-    let inside = Path::new(engine::config::CONTAINER_PYTHON).join(exe);
-    sandbox.warm_python = Some(sandbox::Command {
-        argv: vec![inside.display().to_string(), "-u".into(), "-m".into(), "staccato.warm".into()],
-        env: vec![
-            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-            ("HOME".into(), "/tmp".into()),
-            ("LANG".into(), "C.UTF-8".into()),
-            ("PYTHONPATH".into(), format!("{}/python", engine::config::CONTAINER_RUNTIMES)),
-        ],
-    });
-    Ok(Some(engine::ContainerConfig {
-        sandbox,
-        python_exe,
-        python_prefix,
-        pause: true,
-        pause_min: Duration::from_millis(100),
-        pause_max: Duration::from_secs(10),
-        keep_alive: Duration::from_secs(300),
-        build: engine::build::build_config(&[]).map_err(|e| anyhow::anyhow!(e))?,
-    }))
-}
-
 fn start_gateway(
     c: &CommonArgs,
     g: &GatewayArgs,
@@ -517,7 +423,7 @@ fn start_gateway(
         None => None,
     };
     // Each connection is a file descriptor; keep room for the engine's own.
-    let nofile = ipc::raise_nofile_limit().unwrap_or(1024);
+    let nofile = sys::process::raise_nofile_limit().unwrap_or(1024);
     let fd_room = (nofile as usize).saturating_sub(1024).max(64);
     if g.max_connections > fd_room {
         log::warn!(
@@ -533,7 +439,7 @@ fn start_gateway(
         idle_timeout: Duration::from_secs_f64(g.idle_timeout_s),
         listen: g.listen,
         engine,
-        threads: g.gateway_threads.unwrap_or_else(|| ipc::cpus_allowed().len().clamp(1, 8)),
+        threads: g.gateway_threads.unwrap_or_else(|| sys::cpu::cpus_allowed().len().clamp(1, 8)),
         token,
         engine_secret,
         state_dir: state.to_path_buf(),
@@ -541,11 +447,6 @@ fn start_gateway(
         pin_threads: matches!(c.placement, PlacementArg::Packed),
     };
     gateway::start(cfg).context("starting the gateway")
-}
-
-/// The management token `up` wrote into a state directory, if any.
-pub fn read_token(state: &Path) -> Option<String> {
-    std::fs::read_to_string(state.join("token")).ok().map(|t| t.trim().to_string()).filter(|t| !t.is_empty())
 }
 
 /// Reads `<state>/<name>`, or creates it with a fresh random token, mode
@@ -651,7 +552,7 @@ fn detach(args: &UpArgs, state: &Path) -> Result<()> {
         if let Some(status) = child.try_wait()? {
             bail!("staccato exited during start-up ({status}); see {}", log_path.display());
         }
-        if let Ok(mut c) = crate::client::Client::new(&url, None) {
+        if let Ok(mut c) = client::Client::new(&url, None) {
             if c.request("GET", "/healthz", b"").is_ok_and(|r| r.status == 200) {
                 println!(
                     "Staccato is up in the background (pid {}): gateway {url}, log {}",
@@ -675,7 +576,7 @@ pub fn down(state: Option<PathBuf>) -> Result<()> {
         .parse()
         .context("corrupt pid file")?;
     // SIGTERM lets it remove its containers; SIGKILL if it hangs.
-    if ipc::signal(pid, 15).is_err() {
+    if sys::process::signal(pid, libc::SIGTERM).is_err() {
         println!("staccato (pid {pid}) was not running");
     } else {
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -683,7 +584,7 @@ pub fn down(state: Option<PathBuf>) -> Result<()> {
             std::thread::sleep(Duration::from_millis(20));
         }
         if Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = ipc::kill(pid);
+            let _ = sys::process::kill(pid);
         }
         println!("Stopped staccato (pid {pid})");
     }

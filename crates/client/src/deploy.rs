@@ -2,7 +2,7 @@
 //! the deploying machine, uploaded as an archive, and then registered by
 //! its digest. The gateway never reads a path the manifest names.
 
-use crate::client::Client;
+use crate::Client;
 use anyhow::{anyhow, bail, Context, Result};
 use api::manifest::ManifestFunction;
 use serde_json::{json, Value};

@@ -17,9 +17,8 @@
 //! engine's single supervisor thread does not serialize the starts.
 //! Nothing here asserts a number.
 
-use crate::up::{containers, find_runtimes, IsolationArg, NetworkArg};
 use anyhow::{anyhow, bail, Context, Result};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use engine::config::{CONTAINER_CODE, CONTAINER_DEPS, CONTAINER_IPC, CONTAINER_PYTHON, CONTAINER_RUNTIMES};
 use serde_json::{json, Value};
 use std::fs::{self, File};
@@ -30,6 +29,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wire::message::{Header, Kind, Message};
+
+/// A container's network (as `staccato up --network`).
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum NetworkArg {
+    /// The host's network namespace.
+    Host,
+    /// A network namespace per container, joined to the host by veth + NAT.
+    Isolated,
+}
 
 #[derive(Args, Clone)]
 pub struct ColdArgs {
@@ -80,8 +88,8 @@ enum Lang {
 struct Instance {
     c: Arc<sandbox::Container>,
     dir: PathBuf,
-    launcher: ipc::EngineChannel,
-    workers: Vec<(u32, ipc::EngineChannel)>,
+    launcher: sys::channel::EngineChannel,
+    workers: Vec<(u32, sys::channel::EngineChannel)>,
     next_call: u64,
     /// When the container had the function's files and its launcher was
     /// asked to start, and when the launcher said hello.
@@ -99,7 +107,7 @@ fn uid_own(p: &Path, uid: u32) -> Result<()> {
 /// so a dead peer is recognised by its container's init reporting it.
 fn wait_message(c: &sandbox::Container, rx: &File, want: Kind, timeout: Duration, what: &str) -> Result<Message> {
     let start = Instant::now();
-    let mut reader = ipc::MessageReader::default();
+    let mut reader = sys::channel::MessageReader::default();
     loop {
         let st = reader.fill(rx).with_context(|| format!("reading {what}"))?;
         if let Some(m) = reader.next_message() {
@@ -109,7 +117,7 @@ fn wait_message(c: &sandbox::Container, rx: &File, want: Kind, timeout: Duration
             }
             return Ok(m);
         }
-        if st == ipc::ReadStatus::Eof {
+        if st == sys::channel::ReadStatus::Eof {
             if let Some(exit) = c.poll_status().into_iter().find(|l| l.starts_with("EXIT")) {
                 bail!("{what}: the launcher exited ({exit})");
             }
@@ -143,7 +151,7 @@ impl Fx {
         fs::create_dir_all(dir.join("shm"))?;
         uid_own(&dir, c.uid)?;
         uid_own(&dir.join("shm"), c.uid)?;
-        let launcher = ipc::EngineChannel::create(&dir, 0)?;
+        let launcher = sys::channel::EngineChannel::create(&dir, 0)?;
         for p in [dir.join("0.e2w"), dir.join("0.w2e")] {
             uid_own(&p, c.uid)?;
         }
@@ -206,13 +214,13 @@ impl Instance {
     /// Asks for a new worker and serves one call on it.
     fn new_worker_call(&mut self) -> Result<()> {
         let wid = self.workers.len() as u32 + 1;
-        let ch = ipc::EngineChannel::create(&self.dir, wid)?;
-        let (e2w, w2e) = ipc::channel_paths(&self.dir, wid);
+        let ch = sys::channel::EngineChannel::create(&self.dir, wid)?;
+        let (e2w, w2e) = sys::channel::channel_paths(&self.dir, wid);
         uid_own(&e2w, self.c.uid)?;
         uid_own(&w2e, self.c.uid)?;
         let mut h = Header::new(Kind::CreateWorker);
         h.worker_id = wid;
-        ipc::write_message(&self.launcher.tx, &Message::new(&h, &[]))?;
+        sys::channel::write_message(&self.launcher.tx, &Message::new(&h, &[]))?;
         wait_message(&self.c, &ch.rx, Kind::WorkerHello, Duration::from_secs(120), "worker hello")?;
         self.workers.push((wid, ch));
         self.call(wid)
@@ -225,9 +233,9 @@ impl Instance {
         h.call_id = (1 << 62) | self.next_call;
         self.next_call += 1;
         h.worker_id = wid;
-        h.deadline_us = ipc::unix_us() + 30_000_000;
+        h.deadline_us = sys::clock::unix_us() + 30_000_000;
         h.payload_len = 2;
-        ipc::write_message(&ch.tx, &Message::new(&h, b"hi"))?;
+        sys::channel::write_message(&ch.tx, &Message::new(&h, b"hi"))?;
         wait_message(&self.c, &ch.rx, Kind::Completion, Duration::from_secs(120), "completion")?;
         Ok(())
     }
@@ -276,17 +284,18 @@ fn prepare_code(fx: &Fx) -> Result<()> {
 }
 
 pub fn run(a: ColdArgs) -> Result<()> {
-    crate::up::init_logging();
     let root = std::env::temp_dir().join("staccato-coldstart");
     let _ = fs::remove_dir_all(&root);
     fs::create_dir_all(&root)?;
-    let runtimes = find_runtimes(None)?;
+    let runtimes = engine::config::find_runtimes(None).map_err(|e| anyhow!(e))?;
     let network = match a.network {
         NetworkArg::Host => sandbox::Network::Host,
         NetworkArg::Isolated => sandbox::Network::Isolated,
     };
-    let cc = containers(IsolationArg::Container, "runc", &a.python, network, 0, &root, &runtimes)?
-        .ok_or_else(|| anyhow!("containers are not available"))?;
+    let cc = engine::ContainerConfig::detect("runc", &a.python, network, 0, &root, &runtimes).map_err(|e| match e {
+        engine::config::Unavailable::Missing(why) => anyhow!("containers are not available: {why}"),
+        engine::config::Unavailable::Failed(why) => anyhow!(why),
+    })?;
     let fx = Fx { cc, runtimes, root: root.clone(), next_id: AtomicU64::new(1), pools: AtomicU64::new(0) };
     prepare_code(&fx)?;
     let result = measure(&a, &fx);

@@ -1,0 +1,14 @@
+//! Benchmarks are programs, not timed tests: nothing here asserts a number.
+//! Each measures Staccato next to a floor or a baseline in the same run
+//! (BENCHMARKS.md says how each figure was taken):
+//!
+//! * [`micro`]: raw pipes, message channels and plain HTTP as floors, then
+//!   internal and external calls and throughput for every language;
+//! * [`coldstart`]: container starts with `runc run`, from the isolation
+//!   pool, by resuming a paused container, and by zygote fork.
+#![forbid(unsafe_code)]
+
+pub mod coldstart;
+pub mod micro;
+
+pub use micro::{find_repo, git_describe};

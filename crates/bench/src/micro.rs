@@ -1,0 +1,553 @@
+//! `staccato bench micro`: latency floors and Staccato's call paths measured
+//! side by side in one run, under two placements:
+//!
+//! * `pinned`: every process (this benchmark, the gateway, the engine, the
+//!   workers) on one vCPU;
+//! * `default`: what a user gets from a plain `staccato up`, with this
+//!   benchmark left to the kernel.
+//!
+//! Benchmarks are programs, not timed tests: nothing here asserts a number.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use client::http::read_response;
+use client::Client;
+use serde_json::{json, Value};
+use std::io::{BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use wire::message::{Header, Kind, Message};
+
+#[derive(Args, Clone)]
+pub struct MicroArgs {
+    /// Calls per latency measurement.
+    #[arg(long, default_value_t = 20_000)]
+    calls: usize,
+    /// Seconds of the 16-connection throughput run.
+    #[arg(long, default_value_t = 3.0)]
+    duration_s: f64,
+    /// Concurrent connections for the throughput run.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Placements to measure.
+    #[arg(long, value_delimiter = ',', default_value = "pinned,default")]
+    modes: Vec<String>,
+    /// Extra argument for `staccato up` (repeatable), e.g. --up-arg=--worker-spin-us=20.
+    #[arg(long = "up-arg", allow_hyphen_values = true)]
+    up_args: Vec<String>,
+    /// Languages to measure.
+    #[arg(long, value_delimiter = ',', default_value = "c,cpp,go,node,python")]
+    langs: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Skip the floors (pipes, channels, plain HTTP).
+    #[arg(long)]
+    no_floors: bool,
+}
+
+/// The repository: the directory above the binary (target/release/staccato)
+/// holding runtimes/ and tools/, or the current directory.
+pub fn find_repo() -> Result<PathBuf> {
+    let mut candidates = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(exe.ancestors().skip(1).take(4).map(PathBuf::from));
+    }
+    candidates.push(PathBuf::from("."));
+    candidates
+        .into_iter()
+        .find(|p| p.join("runtimes").is_dir() && p.join("crates").is_dir())
+        .map(|p| p.canonicalize().unwrap_or(p))
+        .ok_or_else(|| anyhow!("cannot find the staccato repository (for tools/)"))
+}
+
+/// `git describe` of the repository the binary was built in, for run records.
+pub fn git_describe() -> Option<String> {
+    let repo = find_repo().ok()?;
+    let out = Command::new("git").args(["describe", "--always", "--dirty"]).current_dir(repo).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+struct Row {
+    name: String,
+    mode: String,
+    samples_ns: Vec<u64>,
+    /// For throughput rows: requests per second.
+    rate: Option<f64>,
+}
+
+impl Row {
+    fn latency(name: &str, mode: &str, mut samples_ns: Vec<u64>) -> Row {
+        samples_ns.sort_unstable();
+        Row { name: name.into(), mode: mode.into(), samples_ns, rate: None }
+    }
+
+    /// Nearest rank, the definition `bench run` and the analyzer use too.
+    fn pct_us(&self, p: f64) -> f64 {
+        loadgen::stats::percentile(&self.samples_ns, p).map_or(f64::NAN, |ns| ns as f64 / 1000.0)
+    }
+
+    fn to_json(&self) -> Value {
+        match self.rate {
+            Some(r) => json!({"name": self.name, "mode": self.mode, "requests_per_s": r}),
+            None => json!({
+                "name": self.name, "mode": self.mode, "n": self.samples_ns.len(),
+                "p50_us": self.pct_us(50.0), "p99_us": self.pct_us(99.0), "p99_9_us": self.pct_us(99.9),
+            }),
+        }
+    }
+}
+
+pub fn run(a: MicroArgs) -> Result<()> {
+    let mut rows = Vec::new();
+    let cpus = sys::cpu::cpus_allowed();
+    let progress = |s: &str| eprintln!("  {s}");
+    eprintln!("staccato bench micro: {} calls per latency figure, {} CPUs allowed", a.calls, cpus.len());
+    if !a.no_floors {
+        let other = *cpus.get(1).unwrap_or(&cpus[0]);
+        progress("floor: raw 1 KB pipe ping-pong");
+        rows.push(Row::latency("pipe 1KB round trip", "same vCPU", pipe_pingpong(a.calls, cpus[0], cpus[0])?));
+        rows.push(Row::latency("pipe 1KB round trip", "across vCPUs", pipe_pingpong(a.calls, cpus[0], other)?));
+        progress("message channel one-way latency");
+        rows.push(Row::latency("channel one-way", "same vCPU", channel_one_way(a.calls, cpus[0], cpus[0])?));
+        rows.push(Row::latency("channel one-way", "across vCPUs", channel_one_way(a.calls, cpus[0], other)?));
+    }
+    for mode in &a.modes {
+        let pinned = match mode.as_str() {
+            "pinned" => true,
+            "default" => false,
+            m => bail!("unknown mode {m:?} (pinned, default)"),
+        };
+        if pinned {
+            sys::cpu::set_affinity(0, &cpus[..1])?;
+        }
+        let r = run_mode(&a, mode, &mut rows);
+        sys::cpu::set_affinity(0, &cpus)?;
+        r?;
+    }
+    if a.json {
+        let machine = machine();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"machine": machine, "results": rows.iter().map(Row::to_json).collect::<Vec<_>>()})
+            )?
+        );
+    } else {
+        print_table(&rows);
+    }
+    Ok(())
+}
+
+/// Languages measured, in table order; each has `bench/functions/<lang>/`
+/// with `bench-nop-<lang>` and a self-timing `bench-caller-<lang>`.
+const LANGS: [(&str, &str); 5] = [("c", "C"), ("cpp", "C++"), ("go", "Go"), ("node", "Node.js"), ("python", "Python")];
+
+fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
+    eprintln!("[{mode}] starting staccato up");
+    if !a.no_floors {
+        eprintln!("  plain HTTP server round trip (floor for the external path)");
+        rows.push(Row::latency("plain HTTP keep-alive round trip", mode, plain_http(a.calls)?));
+    }
+    let server = Server::start(&a.up_args)?;
+    let mut c = Client::new(&server.url, client::read_token(&server.state))?;
+    for (lang, label) in LANGS.iter().filter(|(l, _)| a.langs.iter().any(|x| x == l)) {
+        eprintln!("  {label}: deploying");
+        if let Err(e) = deploy_bench_functions(&mut c, lang) {
+            eprintln!("  {label}: skipped: {e:#}");
+            continue;
+        }
+        let (nop, caller) = (format!("bench-nop-{lang}"), format!("bench-caller-{lang}"));
+        eprintln!("  {label}: internal nop calls");
+        rows.push(Row::latency(
+            &format!("internal nop call, {label}"),
+            mode,
+            internal(&mut c, &caller, &nop, a.calls)?,
+        ));
+        eprintln!("  {label}: external nop calls, one keep-alive connection");
+        rows.push(Row::latency(&format!("external nop call, {label}"), mode, external(&mut c, &nop, a.calls)?));
+        rows.push(Row::latency(&format!("worker ready, {label}"), mode, worker_ready(&mut c, lang, &nop)?));
+    }
+    eprintln!("  external throughput (C nop), {} connections, {:.0} s", a.connections, a.duration_s);
+    let rate = throughput(server.addr, "bench-nop-c", a.connections, Duration::from_secs_f64(a.duration_s))?;
+    rows.push(Row {
+        name: format!("external throughput, {} conns", a.connections),
+        mode: mode.into(),
+        samples_ns: vec![],
+        rate: Some(rate),
+    });
+    Ok(())
+}
+
+/// Worker start-up times (launcher asked → worker ready to serve), as the
+/// engine records them. Each redeploy of the nop function (`min_workers:
+/// 1`) starts a fresh launcher that is asked for exactly one worker: one
+/// sample per redeploy, never a batch.
+fn worker_ready(c: &mut Client, lang: &str, name: &str) -> Result<Vec<u64>> {
+    let specs = bench_specs(lang)?;
+    let f = specs.iter().find(|f| f.spec.name == name).ok_or_else(|| anyhow!("{name} is not in the manifest"))?;
+    let mut out = Vec::new();
+    for _ in 0..WORKER_READY_SAMPLES {
+        client::deploy::deploy_function(c, f).with_context(|| format!("redeploying {name}"))?;
+        // The launcher is ready when the deploy returns; its worker follows.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let r = c.request("GET", &format!("/system/functions/{name}"), b"")?;
+            let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+            if let Some(us) = v["status"]["scheduler"]["worker_ready_us"].as_array().and_then(|a| a.first()?.as_u64()) {
+                out.push(us * 1000);
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{name}: no worker became ready");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(out)
+}
+
+const WORKER_READY_SAMPLES: usize = 5;
+
+fn print_table(rows: &[Row]) {
+    println!("{:<36} {:<13} {:>9} {:>9} {:>9} {:>8}", "measurement", "placement", "p50 µs", "p99 µs", "p99.9 µs", "n");
+    for r in rows {
+        match r.rate {
+            Some(rate) => {
+                println!("{:<36} {:<13} {:>9} {:>9} {:>9} {:>8}", r.name, r.mode, format!("{rate:.0}/s"), "", "", "")
+            }
+            None => println!(
+                "{:<36} {:<13} {:>9.1} {:>9.1} {:>9.1} {:>8}",
+                r.name,
+                r.mode,
+                r.pct_us(50.0),
+                r.pct_us(99.0),
+                r.pct_us(99.9),
+                r.samples_ns.len()
+            ),
+        }
+    }
+}
+
+fn machine() -> Value {
+    let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+    });
+    json!({"cpus": sys::cpu::cpus_allowed().len(), "cpu_model": model, "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()})
+}
+
+// ---- floors ----
+
+/// 1 KB round trips over two anonymous pipes between two threads.
+fn pipe_pingpong(n: usize, cpu_a: usize, cpu_b: usize) -> Result<Vec<u64>> {
+    let saved = sys::cpu::cpus_allowed();
+    let (r1, w1) = sys::pipe::pipe()?;
+    let (r2, w2) = sys::pipe::pipe()?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        sys::cpu::set_affinity(0, &[cpu_b])?;
+        let mut buf = [0u8; 1024];
+        let (mut r1, mut w2) = (r1, w2);
+        loop {
+            if r1.read(&mut buf)? == 0 {
+                return Ok(());
+            }
+            w2.write_all(&buf)?;
+        }
+    });
+    sys::cpu::set_affinity(0, &[cpu_a])?;
+    let (mut w1, mut r2) = (w1, r2);
+    let buf = [7u8; 1024];
+    let mut back = [0u8; 1024];
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        w1.write_all(&buf)?;
+        r2.read_exact(&mut back)?;
+        if i >= n / 10 {
+            out.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    drop(w1);
+    echo.join().map_err(|_| anyhow!("echo thread panicked"))??;
+    sys::cpu::set_affinity(0, &saved)?;
+    Ok(out)
+}
+
+/// One-way latency of Staccato messages over a real channel (FIFO pair made
+/// by the engine's code), timestamped by the sender, read by the receiver
+/// the way workers read (poll, then read one 1 KB message).
+fn channel_one_way(n: usize, cpu_a: usize, cpu_b: usize) -> Result<Vec<u64>> {
+    let saved = sys::cpu::cpus_allowed();
+    let dir = std::env::temp_dir().join(format!("staccato-bench-chan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let eng = sys::channel::EngineChannel::create(&dir, 1)?;
+    let (wrx, wtx) = sys::channel::open_worker_side(&dir, 1)?;
+    sys::pipe::set_nonblocking(&wrx, true)?;
+    let peer = std::thread::spawn(move || -> std::io::Result<Vec<u64>> {
+        sys::cpu::set_affinity(0, &[cpu_b])?;
+        let mut m = Message::default();
+        let mut lat = Vec::new();
+        loop {
+            match sys::channel::read_message_spin(&wrx, &mut m, Duration::ZERO) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(lat),
+                Err(e) => return Err(e),
+            }
+            let h = m.header().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+            if h.kind == Kind::StopWorker {
+                return Ok(lat);
+            }
+            lat.push(sys::clock::monotonic_ns().saturating_sub(h.send_ts_ns));
+            let mut r = Header::new(Kind::Completion);
+            r.call_id = h.call_id;
+            r.send_ts_ns = sys::clock::monotonic_ns();
+            sys::channel::write_message(&wtx, &Message::new(&r, &[]))?;
+        }
+    });
+    sys::cpu::set_affinity(0, &[cpu_a])?;
+    let mut lat = Vec::with_capacity(n);
+    let rx = eng.rx.try_clone()?;
+    sys::pipe::set_nonblocking(&rx, true)?;
+    for i in 0..(n + n / 10) as u64 {
+        let mut h = Header::new(Kind::Dispatch);
+        h.call_id = i + 1;
+        h.send_ts_ns = sys::clock::monotonic_ns();
+        sys::channel::write_message(&eng.tx, &Message::new(&h, &[]))?;
+        let mut m = Message::default();
+        sys::channel::read_message_spin(&rx, &mut m, Duration::ZERO)?;
+        let back = m.header().map_err(|e| anyhow!("{e}"))?;
+        if i >= (n / 10) as u64 {
+            lat.push(sys::clock::monotonic_ns().saturating_sub(back.send_ts_ns));
+        }
+    }
+    sys::channel::write_message(&eng.tx, &Message::new(&Header::new(Kind::StopWorker), &[]))?;
+    let mut theirs = peer.join().map_err(|_| anyhow!("channel peer panicked"))??;
+    sys::cpu::set_affinity(0, &saved)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    // Both directions are one-way samples; drop the peer's warm-up too.
+    lat.extend(theirs.drain(n / 10..));
+    Ok(lat)
+}
+
+/// Round trips to a minimal blocking HTTP/1.1 server on loopback: what any
+/// HTTP hop costs here before any FaaS work.
+fn plain_http(n: usize) -> Result<Vec<u64>> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    std::thread::spawn(move || {
+        if let Ok((s, _)) = l.accept() {
+            let _ = s.set_nodelay(true);
+            let mut w = s.try_clone().expect("clone socket");
+            let mut r = BufReader::new(s);
+            let mut line = String::new();
+            loop {
+                let mut len = 0usize;
+                loop {
+                    line.clear();
+                    if std::io::BufRead::read_line(&mut r, &mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0u8; len];
+                if r.read_exact(&mut body).is_err() {
+                    return;
+                }
+                if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let mut c = Client::new(&format!("http://{addr}"), None)?;
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        c.request("POST", "/", b"")?;
+        if i >= n / 10 {
+            out.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    Ok(out)
+}
+
+// ---- Staccato ----
+
+struct Server {
+    child: Child,
+    url: String,
+    addr: SocketAddr,
+    state: PathBuf,
+}
+
+impl Server {
+    fn start(extra: &[String]) -> Result<Server> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let state = std::env::temp_dir().join(format!("staccato-bench-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+        let log = std::fs::File::create(std::env::temp_dir().join(format!("staccato-bench-{port}.log")))?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(["up", "--listen", &addr.to_string(), "--state-dir"])
+            .arg(&state)
+            .args(["--ipc-dir", &format!("/dev/shm/staccato-bench-{port}")])
+            .args(extra)
+            .env("STACCATO_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting staccato up")?;
+        let url = format!("http://{addr}");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(mut c) = Client::new(&url, None) {
+                if c.request("GET", "/healthz", b"").is_ok_and(|r| r.status == 200) {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("staccato up did not become healthy");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Server { child, url, addr, state })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SIGTERM first: it removes its function containers, pool and
+        // network namespaces on the way out.
+        let _ = sys::process::signal(self.child.id(), libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+        let _ = std::fs::remove_dir_all(format!("/dev/shm/staccato-bench-{}", self.addr.port()));
+    }
+}
+
+fn bench_dir(lang: &str) -> Result<PathBuf> {
+    let mut candidates = vec![PathBuf::from("bench/functions")];
+    if let Ok(exe) = std::env::current_exe() {
+        for anc in exe.ancestors().skip(1).take(4) {
+            candidates.push(anc.join("bench/functions"));
+        }
+    }
+    candidates
+        .into_iter()
+        .map(|p| p.join(lang))
+        .find(|p| p.join("staccato.yml").is_file())
+        .ok_or_else(|| anyhow!("cannot find bench/functions/{lang}"))
+}
+
+fn bench_specs(lang: &str) -> Result<Vec<api::manifest::ManifestFunction>> {
+    let dir = bench_dir(lang)?;
+    let text = std::fs::read_to_string(dir.join("staccato.yml"))?;
+    api::manifest::parse(&text, &dir).map_err(|e| anyhow!("bench manifest: {e}"))
+}
+
+fn deploy_bench_functions(c: &mut Client, lang: &str) -> Result<()> {
+    for f in bench_specs(lang)? {
+        client::deploy::deploy_function(c, &f).with_context(|| format!("deploying {}", f.spec.name))?;
+    }
+    // Deploying took containers from the isolation pool, which now makes
+    // new ones (runc, a warm Python: ~100 ms of CPU each). This measures the
+    // warm path, so let that finish first.
+    std::thread::sleep(Duration::from_millis(1500));
+    Ok(())
+}
+
+fn invoke(c: &mut Client, name: &str, input: &[u8]) -> Result<Vec<u8>> {
+    let r = c.request("POST", &format!("/function/{name}"), input)?;
+    if r.status != 200 {
+        bail!("{name}: HTTP {}: {}", r.status, String::from_utf8_lossy(&r.body));
+    }
+    Ok(r.body)
+}
+
+/// Internal calls timed inside the calling function.
+fn internal(c: &mut Client, caller: &str, callee: &str, n: usize) -> Result<Vec<u64>> {
+    invoke(c, caller, format!("{}:{callee}", (n / 10).max(1)).as_bytes())?; // warm-up
+    let out = invoke(c, caller, format!("{n}:{callee}").as_bytes())?;
+    Ok(out.chunks_exact(4).map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect())
+}
+
+/// External calls through the gateway on one keep-alive connection.
+fn external(c: &mut Client, name: &str, n: usize) -> Result<Vec<u64>> {
+    let path = format!("/function/{name}");
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n + n / 10 {
+        let t = Instant::now();
+        let r = c.request("POST", &path, b"")?;
+        let el = t.elapsed().as_nanos() as u64;
+        if r.status != 200 {
+            bail!("{name}: HTTP {}", r.status);
+        }
+        if i >= n / 10 {
+            out.push(el);
+        }
+    }
+    Ok(out)
+}
+
+/// Closed-loop load from `conns` keep-alive connections, one request in
+/// flight on each; returns completed requests per second.
+fn throughput(addr: SocketAddr, name: &str, conns: usize, dur: Duration) -> Result<f64> {
+    let req = format!("POST /function/{name} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n").into_bytes();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Two client threads (like `wrk -t2`) share the connections.
+    let threads = 2.min(conns);
+    let mut hs = Vec::new();
+    for t in 0..threads {
+        let my = conns / threads + usize::from(t < conns % threads);
+        let (req, done, stop) = (req.clone(), done.clone(), stop.clone());
+        hs.push(std::thread::spawn(move || -> Result<()> {
+            let mut streams: Vec<(TcpStream, BufReader<TcpStream>)> = Vec::new();
+            for _ in 0..my {
+                let s = TcpStream::connect(addr)?;
+                s.set_nodelay(true)?;
+                let r = BufReader::new(s.try_clone()?);
+                streams.push((s, r));
+            }
+            // Keep every connection busy: send on all, then collect in order.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (s, _) in streams.iter_mut() {
+                    s.write_all(&req)?;
+                }
+                for (_, r) in streams.iter_mut() {
+                    let resp = read_response(r)?;
+                    if resp.status != 200 {
+                        bail!("HTTP {}", resp.status);
+                    }
+                }
+                done.fetch_add(my as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(())
+        }));
+    }
+    std::thread::sleep(dur / 5); // warm-up
+    let start_count = done.load(std::sync::atomic::Ordering::Relaxed);
+    let t = Instant::now();
+    std::thread::sleep(dur);
+    let count = done.load(std::sync::atomic::Ordering::Relaxed) - start_count;
+    let el = t.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in hs {
+        h.join().map_err(|_| anyhow!("load thread panicked"))??;
+    }
+    Ok(count as f64 / el)
+}

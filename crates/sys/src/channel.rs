@@ -1,0 +1,215 @@
+//! Message channels between the engine and a worker: two FIFOs per worker
+//! carrying 1 KB messages (docs/protocol.md §1, Nightcore §4.1).
+
+use crate::clock::monotonic_ns;
+use crate::pipe::{mkfifo, poll_readable, set_pipe_bytes};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+pub use wire::message::{Message, MESSAGE_LEN};
+
+/// Paths of a channel's two FIFOs (docs/protocol.md "Channels and FIFOs").
+pub fn channel_paths(fn_dir: &Path, id: u32) -> (PathBuf, PathBuf) {
+    (fn_dir.join(format!("{id}.e2w")), fn_dir.join(format!("{id}.w2e")))
+}
+
+/// The engine's ends of a channel: `tx` writes to the worker, `rx` reads
+/// from it. Made by [`EngineChannel::create`] before the peer process opens
+/// its ends.
+pub struct EngineChannel {
+    pub tx: File,
+    pub rx: File,
+}
+
+/// Bigger pipes hold more queued messages (fan-out replies) before a writer
+/// would see EAGAIN. 1 MiB = 1024 messages; the kernel may cap it lower for
+/// an unprivileged user, which is fine.
+const PIPE_SIZE: libc::c_int = 1 << 20;
+
+impl EngineChannel {
+    /// Makes both FIFOs and opens the engine's ends: `e2w` read-write (so the
+    /// peer's blocking open for reading returns at once, and our writes never
+    /// fail with EPIPE), `w2e` read-only and non-blocking (so the peer's
+    /// blocking open for writing returns at once; EOF there means the peer
+    /// died, since nobody else holds a write end).
+    pub fn create(fn_dir: &Path, id: u32) -> io::Result<EngineChannel> {
+        let (e2w, w2e) = channel_paths(fn_dir, id);
+        mkfifo(&e2w)?;
+        mkfifo(&w2e)?;
+        let tx = OpenOptions::new().read(true).write(true).custom_flags(libc::O_NONBLOCK).open(&e2w)?;
+        let rx = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&w2e)?;
+        set_pipe_bytes(&tx, PIPE_SIZE);
+        set_pipe_bytes(&rx, PIPE_SIZE);
+        Ok(EngineChannel { tx, rx })
+    }
+
+    pub fn remove_files(fn_dir: &Path, id: u32) {
+        let (e2w, w2e) = channel_paths(fn_dir, id);
+        let _ = std::fs::remove_file(e2w);
+        let _ = std::fs::remove_file(w2e);
+    }
+}
+
+/// Opens a channel from the worker's side (used by tests and the benches;
+/// the real workers are in the language runtimes).
+pub fn open_worker_side(fn_dir: &Path, id: u32) -> io::Result<(File, File)> {
+    let (e2w, w2e) = channel_paths(fn_dir, id);
+    let rx = OpenOptions::new().read(true).open(e2w)?;
+    let tx = OpenOptions::new().write(true).open(w2e)?;
+    Ok((rx, tx))
+}
+
+/// Writes one whole message. A write of at most PIPE_BUF bytes to a pipe is
+/// all-or-nothing, so a short write cannot happen; EAGAIN comes back as
+/// `WouldBlock` and nothing was written.
+pub fn write_message(mut f: &File, m: &Message) -> io::Result<()> {
+    let n = f.write(&m.buf)?;
+    if n != MESSAGE_LEN {
+        return Err(io::Error::other(format!("short pipe write of {n} bytes")));
+    }
+    Ok(())
+}
+
+/// Accumulates bytes read from a pipe and yields whole messages. Writers
+/// only write whole messages, but a reader's buffer may still end mid-message
+/// (e.g. after a partial read into a too-small buffer), so keep the tail.
+#[derive(Default)]
+pub struct MessageReader {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+/// What one non-blocking read round produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadStatus {
+    /// Read everything available; more may come later.
+    Drained,
+    /// The writer side is closed: the peer is gone.
+    Eof,
+}
+
+/// Up to this many messages are read with one syscall, batching under load.
+const READ_BATCH: usize = 16;
+
+impl MessageReader {
+    /// Reads everything currently available from a non-blocking fd.
+    pub fn fill(&mut self, mut f: &File) -> io::Result<ReadStatus> {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        loop {
+            let old = self.buf.len();
+            self.buf.resize(old + READ_BATCH * MESSAGE_LEN, 0);
+            match f.read(&mut self.buf[old..]) {
+                Ok(0) => {
+                    self.buf.truncate(old);
+                    return Ok(ReadStatus::Eof);
+                }
+                Ok(n) => {
+                    self.buf.truncate(old + n);
+                    if n < READ_BATCH * MESSAGE_LEN {
+                        return Ok(ReadStatus::Drained);
+                    }
+                }
+                Err(e) => {
+                    self.buf.truncate(old);
+                    return match e.kind() {
+                        io::ErrorKind::WouldBlock => Ok(ReadStatus::Drained),
+                        io::ErrorKind::Interrupted => continue,
+                        _ => Err(e),
+                    };
+                }
+            }
+        }
+    }
+
+    /// The next whole message read, if any.
+    pub fn next_message(&mut self) -> Option<Message> {
+        if self.buf.len() - self.start < MESSAGE_LEN {
+            return None;
+        }
+        let mut m = Message::default();
+        m.buf.copy_from_slice(&self.buf[self.start..self.start + MESSAGE_LEN]);
+        self.start += MESSAGE_LEN;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        Some(m)
+    }
+}
+
+/// Reads one whole message from a non-blocking fd, spinning on `read` for
+/// up to `spin` before blocking in poll. Spinning wins when the reply is
+/// due within microseconds and the peer runs on another vCPU: a blocked
+/// vCPU must be woken by an IPI, which costs ~20 µs on this kind of guest.
+pub fn read_message_spin(mut f: &File, m: &mut Message, spin: Duration) -> io::Result<()> {
+    let deadline = if spin.is_zero() { 0 } else { monotonic_ns() + spin.as_nanos() as u64 };
+    let mut got = 0;
+    let mut iter = 0u32;
+    loop {
+        match f.read(&mut m.buf[got..]) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+            Ok(n) => {
+                got += n;
+                if got == MESSAGE_LEN {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                iter += 1;
+                if deadline == 0 || (iter.is_multiple_of(64) && monotonic_ns() > deadline) {
+                    poll_readable(f.as_raw_fd())?;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipe::set_nonblocking;
+    use wire::message::{Header, Kind};
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("staccato-sys-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("shm")).expect("tmpdir");
+        d
+    }
+
+    #[test]
+    fn channel_round_trip_and_eof() {
+        let d = tmpdir("chan");
+        let eng = EngineChannel::create(&d, 5).expect("create");
+        let (wrx, wtx) = open_worker_side(&d, 5).expect("open");
+        let mut h = Header::new(Kind::WorkerHello);
+        h.worker_id = 5;
+        write_message(&wtx, &Message::new(&h, &[])).expect("write");
+        let mut r = MessageReader::default();
+        assert_eq!(r.fill(&eng.rx).expect("fill"), ReadStatus::Drained);
+        let m = r.next_message().expect("a message");
+        assert_eq!(m.header().expect("valid").worker_id, 5);
+        assert!(r.next_message().is_none());
+        // Engine to worker, read with the spinning reader.
+        write_message(&eng.tx, &Message::new(&Header::new(Kind::StopWorker), &[])).expect("write");
+        let mut got = Message::default();
+        set_nonblocking(&wrx, true).expect("nonblock");
+        read_message_spin(&wrx, &mut got, Duration::from_micros(50)).expect("read");
+        assert_eq!(got.header().expect("valid").kind, Kind::StopWorker);
+        // The worker going away is an EOF for the engine.
+        drop(wtx);
+        drop(wrx);
+        assert_eq!(r.fill(&eng.rx).expect("fill"), ReadStatus::Eof);
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

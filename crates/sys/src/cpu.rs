@@ -1,0 +1,33 @@
+//! Which CPUs a process or thread runs on.
+
+use std::io;
+
+/// Number of CPUs this process may run on.
+pub fn cpus_allowed() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain bits; all-zero is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: we pass the true size of `set`, which the kernel fills in.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return vec![0];
+    }
+    // SAFETY: CPU_ISSET reads bit `i` of the set we own; i < CPU_SETSIZE.
+    (0..libc::CPU_SETSIZE as usize).filter(|&i| unsafe { libc::CPU_ISSET(i, &set) }).collect()
+}
+
+/// Pins thread or process `pid` (0 = the calling thread) to `cpus`.
+pub fn set_affinity(pid: i32, cpus: &[usize]) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain bits; all-zero is a valid (empty) set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: CPU_SET writes bit `c` of the set we own; callers pass
+        // CPU numbers from `cpus_allowed`, all below CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is initialised and we pass its true size.
+    let rc = unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
