@@ -13,9 +13,10 @@ build: setup
 demo: setup
 	@scripts/demo.sh
 
-## Every test: Rust unit and vector tests, each runtime's own suite, integration
-## tests, and the shared conformance suite for all five languages.
-test: setup
+## Every test: formatting and clippy (lint), Rust unit and vector tests, each
+## runtime's own suite, integration tests, the shared conformance suite for all
+## five languages, and a short fuzz run.
+test: setup lint
 	cargo test --release --workspace
 	$(MAKE) -s -C runtimes/c test
 	$(MAKE) -s -C runtimes/cpp test
@@ -39,6 +40,8 @@ test-integration: setup
 bench: setup
 	target/release/staccato bench micro
 
+## Formatting and clippy with -D warnings (which enforces a SAFETY comment on
+## every unsafe block in crates/sys).
 lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings

@@ -36,6 +36,11 @@ python3 -c 'import numpy, matplotlib' >/dev/null 2>&1 || { echo "==> pip install
 # call (BENCHMARKS.md); the runtime falls back to asyncio without it.
 python3 -c 'import uvloop' >/dev/null 2>&1 || { echo "==> pip install uvloop"; python3 -m pip install -q uvloop || echo "warning: uvloop not installed; Python functions use plain asyncio"; }
 
+# `make lint` (run by `make test`): formatting and clippy with -D warnings.
+for c in rustfmt clippy; do
+  cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1 || { echo "==> rustup component add $c"; rustup component add "$c" >/dev/null; }
+done
+
 # The fuzzers (fuzz/, `make fuzz` and a short run in `make test`) build
 # with nightly Rust and cargo-fuzz.
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

@@ -350,8 +350,10 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
     let in_engine = match sh.control.request(ctl::Request::Unregister { name: name.to_string() }).await {
         Ok(_) => true,
         Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => false,
-        // Stored but not removed from the engine: it would keep running
-        // with no record of it here, so say so instead of "removed".
+        // Removed from the store, but the engine was not told: it runs the
+        // function until it restarts (a reconnection only re-registers what
+        // the store has, it removes nothing). Logged, not refused: the
+        // function is gone as far as deploys and listings go.
         Err(e) if in_store => {
             log::warn!("removing function {name} from the engine: {e}");
             false
