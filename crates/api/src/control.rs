@@ -164,12 +164,13 @@ pub struct TraceRecord {
     pub outcome: String,
 }
 
-/// The answer to a request, as it travels.
+/// The answer to a request, as it travels: written from references,
+/// read into owned values.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-enum Answer {
-    Ok(Reply),
-    Refused(Refusal),
+enum Answer<R, F> {
+    Ok(R),
+    Refused(F),
 }
 
 /// A control exchange that could not happen: the connection, not the
@@ -233,9 +234,9 @@ pub fn parse_request(h: &FrameHeader, mut body: Vec<u8>) -> Result<(Request, Vec
 
 /// Writes the answer to a request as one `ControlReply` frame.
 pub fn write_answer<W: Write>(w: &mut W, answer: &Result<Reply, Refusal>) -> io::Result<()> {
-    let a = match answer {
-        Ok(r) => Answer::Ok(r.clone()),
-        Err(r) => Answer::Refused(r.clone()),
+    let a: Answer<&Reply, &Refusal> = match answer {
+        Ok(r) => Answer::Ok(r),
+        Err(r) => Answer::Refused(r),
     };
     let json = serde_json::to_vec(&a).map_err(io::Error::other)?;
     let mut frame = FrameHeader::new(FrameKind::ControlReply, 0, json.len()).encode().to_vec();
@@ -252,7 +253,9 @@ pub fn read_answer<R: Read>(r: &mut R) -> Result<Result<Reply, Refusal>, LinkBro
         return Err(LinkBroken::Malformed(format!("expected a control reply, not {:?}", h.kind)));
     }
     let body = read_body(r, &h)?;
-    match serde_json::from_slice(&body).map_err(|e| LinkBroken::Malformed(format!("control reply: {e}")))? {
+    let answer: Answer<Reply, Refusal> =
+        serde_json::from_slice(&body).map_err(|e| LinkBroken::Malformed(format!("control reply: {e}")))?;
+    match answer {
         Answer::Ok(reply) => Ok(Ok(reply)),
         Answer::Refused(refusal) => Ok(Err(refusal)),
     }
@@ -297,10 +300,10 @@ mod tests {
         assert_eq!(v, serde_json::json!({"op": "unregister", "name": "f"}));
         let v = serde_json::to_value(Request::Trace { function: None, limit: 3 }).unwrap();
         assert_eq!(v, serde_json::json!({"op": "trace", "limit": 3}));
-        let a = Answer::Refused(Refusal::new(RefusalKind::NotFound, "no function named \"f\""));
+        let a: Answer<Reply, _> = Answer::Refused(Refusal::new(RefusalKind::NotFound, "no function named \"f\""));
         let v = serde_json::to_value(a).unwrap();
         assert_eq!(v, serde_json::json!({"refused": {"kind": "not_found", "message": "no function named \"f\""}}));
-        let v = serde_json::to_value(Answer::Ok(Reply::Unregistered { name: "f".into() })).unwrap();
+        let v = serde_json::to_value(Answer::<_, Refusal>::Ok(Reply::Unregistered { name: "f".into() })).unwrap();
         assert_eq!(v, serde_json::json!({"ok": {"unregistered": {"name": "f"}}}));
     }
 
