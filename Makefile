@@ -17,7 +17,7 @@ demo: setup
 ## runtime's own suite, integration tests, the shared conformance suite for all
 ## five languages, and a short fuzz run.
 test: setup lint
-	cargo test --release --workspace
+	cargo test --profile ci --workspace
 	$(MAKE) -s -C runtimes/c test
 	$(MAKE) -s -C runtimes/cpp test
 	python3 -m pytest -q runtimes/python/tests

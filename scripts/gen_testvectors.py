@@ -1,5 +1,11 @@
 #!/usr/bin/env python3
-"""Writes testvectors/message_v1.json, the shared vectors for docs/protocol.md §1.
+"""Writes the shared vectors every runtime's tests read:
+
+* testvectors/message_v1.json: messages (docs/protocol.md §1), encoded and
+  decoded byte for byte;
+* testvectors/contract_v1.json: the rest of the cross-language contract as
+  tables: error kinds (code, name, HTTP status), payload and channel file
+  names, and the STACCATO_* environment variables.
 
 Run it only when the protocol changes; every runtime's tests read the output.
 The encoder here is independent of all runtimes on purpose: it packs by offset
@@ -13,6 +19,29 @@ MESSAGE_LEN, HEADER_LEN, INLINE_MAX = 1024, 64, 960
 KINDS = {"LauncherHello": 1, "WorkerHello": 2, "CreateWorker": 3, "StopWorker": 4,
          "Dispatch": 5, "Completion": 6, "Failure": 7, "Invoke": 8}
 SHM = 1
+
+# docs/protocol.md §1 "Error kinds": (name, HTTP status at the gateway); the
+# code is the position, from 1.
+ERROR_KINDS = [
+    ("not_found", 404), ("payload_too_large", 413), ("function_error", 500), ("worker_crashed", 502),
+    ("timeout", 504), ("engine_unavailable", 503), ("bad_request", 400), ("internal", 500),
+    ("out_of_memory", 502), ("output_too_large", 502), ("call_cycle", 409), ("call_depth_exceeded", 508),
+    ("function_removed", 410), ("overloaded", 503),
+]
+
+# docs/protocol.md §1 "Launchers and workers": what the engine sets for
+# every launcher. Runtimes read no other STACCATO_* variable but their own
+# knobs, listed per runtime (each documented in that runtime's README).
+LAUNCHER_ENV = ["STACCATO_FUNCTION", "STACCATO_IPC_DIR", "STACCATO_HANDLER", "STACCATO_PAYLOAD_MAX",
+                "STACCATO_SPIN_US", "STACCATO_WORKER_MODE", "STACCATO_HOST_IP"]
+RUNTIME_ENV = {
+    "python": ["STACCATO_WARM_FIFO", "STACCATO_WARM_STATUS"],
+    "go": ["STACCATO_GOMAXPROCS", "STACCATO_GO_IO"],
+    "node": [], "c": [], "cpp": [],
+    # The engine's own: the warm Python launcher's FIFOs, and a sandboxed Go
+    # build's seed cache.
+    "engine": ["STACCATO_WARM_FIFO", "STACCATO_WARM_STATUS", "STACCATO_GO_SEED"],
+}
 
 
 def pack(kind, flags=0, payload_len=None, call_id=0, parent_call_id=0, worker_id=0,
@@ -108,7 +137,8 @@ def cases():
     yield invalid("invoke name_len beyond inline payload", pack(KINDS["Invoke"], payload=b"ab", name_len=3))
     yield invalid("name_len on a dispatch", pack(KINDS["Dispatch"], payload=b"abc", name_len=3))
     yield invalid("failure with error_kind 0", pack(KINDS["Failure"], payload=b"x"))
-    yield invalid("failure with unknown error_kind 14", pack(KINDS["Failure"], error_kind=14))
+    yield invalid(f"failure with unknown error_kind {len(ERROR_KINDS) + 1}",
+                  pack(KINDS["Failure"], error_kind=len(ERROR_KINDS) + 1))
     yield invalid("error_kind on a completion", pack(KINDS["Completion"], error_kind=3))
     yield invalid("shm flag on a worker hello", pack(KINDS["WorkerHello"], flags=SHM, payload_len=2000))
     yield invalid("shm flag on create worker", pack(KINDS["CreateWorker"], flags=SHM))
@@ -135,5 +165,35 @@ def main():
     print(f"wrote {out} ({len(tests)} cases)")
 
 
+def contract():
+    shm_cases = [(0x8000000000000001, "Dispatch"), (0x0000000700000001, "Invoke"), (0x00000007ffffffff, "Completion"),
+                 (0xffffffffffffffff, "Failure"), (0x0123456789abcdef, "Dispatch")]
+    suffix = {"Dispatch": "i", "Invoke": "i", "Completion": "o", "Failure": "o"}
+    return {
+        "schema": "staccato_contract_v1",
+        "protocol": "docs/protocol.md",
+        "notes": {
+            "u64": "call ids are decimal strings (JSON numbers lose precision past 2^53)",
+            "payload_files": "relative to the function's IPC directory",
+            "channel_files": "relative to the function's IPC directory; id is the decimal worker id, 0 the launcher",
+            "env": "launcher: set by the engine for every launcher; runtime: the only other STACCATO_* names each "
+                   "runtime (or the engine) may use",
+        },
+        "error_kinds": [{"code": i, "name": n, "http_status": s} for i, (n, s) in enumerate(ERROR_KINDS, start=1)],
+        "payload_files": [
+            {"call_id": str(c), "kind": k, "path": f"shm/{c:016x}.{suffix[k]}"} for c, k in shm_cases
+        ],
+        "channel_files": [{"id": i, "e2w": f"{i}.e2w", "w2e": f"{i}.w2e"} for i in (0, 1, 42, 2**31 - 1)],
+        "env": {"launcher": LAUNCHER_ENV, "runtime": RUNTIME_ENV},
+    }
+
+
+def write_contract():
+    out = Path(__file__).resolve().parent.parent / "testvectors" / "contract_v1.json"
+    out.write_text(json.dumps(contract(), indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 if __name__ == "__main__":
     main()
+    write_contract()

@@ -148,9 +148,9 @@ def read_all(s, key):
 data = read_all(s, "error1")
 out["reply1"] = data[32:].decode(errors="replace")
 out["kind1"] = struct.unpack_from("<H", data, 4)[0] if len(data) >= 32 else None
-# 2. A well-formed protocol-3 hello answered with a made-up proof.
+# 2. A well-formed protocol-4 hello answered with a made-up proof.
 s = socket.create_connection(("127.0.0.1", port), timeout=5)
-s.sendall(frame(1, b"STCO" + struct.pack("<HBB", 3, 1, 0) + os.urandom(32)))
+s.sendall(frame(1, b"STCO" + struct.pack("<HBB", 4, 1, 0) + os.urandom(32)))
 head = s.recv(32)
 n = struct.unpack_from("<I", head)[0]
 s.recv(n)
@@ -170,7 +170,7 @@ def test_engine_port_refuses_unauthenticated_peers(srv):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["uid"] == nobody
-    assert out["kind1"] == ERROR and "protocol version 3" in out["reply1"], out
+    assert out["kind1"] == ERROR and "protocol version 4" in out["reply1"], out
     assert "authentication failed" in out["reply2"], out
     # Nothing got registered, nothing answered a status request.
     assert srv.get("/system/functions/pwned").status == 404
@@ -521,6 +521,30 @@ def test_removal_drains_running_calls_and_answers_queued_ones(srv, tmp_path):
         for f in queued:
             check_error(f.result(), 410, "function_removed", in_message="removed before the call ran")
     check_error(srv.invoke("doomed", b"0"), 404, "not_found")
+
+
+def test_a_full_queue_is_answered_overloaded_at_once(srv, tmp_path):
+    """Beyond max_queue a call is refused at once (503, Retry-After), not
+    left to wait towards its timeout; the queue's own calls all finish."""
+    from concurrent.futures import ThreadPoolExecutor
+    d = _slow_fn(tmp_path, "narrow")
+    yml = d / "staccato.yml"
+    yml.write_text(yml.read_text() + "    max_queue: 2\n")
+    srv.deploy(d)
+    with ThreadPoolExecutor(6) as ex:
+        running = ex.submit(srv.invoke, "narrow", b"1.5", timeout=20)
+        time.sleep(0.3)
+        queued = [ex.submit(srv.invoke, "narrow", b"0.1", timeout=20) for _ in range(2)]
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        refused = srv.invoke("narrow", b"0.1", timeout=20)
+        waited = time.monotonic() - t0
+        check_error(refused, 503, "overloaded", in_message="max_queue")
+        assert refused.headers.get("retry-after") == "1", refused.headers
+        assert waited < 1.0, waited  # the running call still has ~0.9 s to go
+        assert ok_body(running.result()) == b"done 1.5"
+        assert [ok_body(f.result()) for f in queued] == [b"done 0.1"] * 2
+    assert ok_body(srv.invoke("narrow", b"0")) == b"done 0"
 
 
 def test_a_redeploy_hands_queued_calls_to_the_new_version(srv, tmp_path):

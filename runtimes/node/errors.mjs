@@ -15,6 +15,7 @@ export const ErrorKind = Object.freeze({
   call_cycle: 11,
   call_depth_exceeded: 12,
   function_removed: 13,
+  overloaded: 14,
 });
 
 /** Wire code -> error kind name (index 0 unused). */

@@ -24,7 +24,7 @@ import {
   COMPLETION, CREATE_WORKER, DISPATCH, FAILURE, HEADER_LEN, INLINE_MAX, INVOKE, KIND_NAMES,
   LAUNCHER_HELLO, MESSAGE_LEN, NAME_MAX, OFF_CALL_ID, OFF_DEADLINE_US, OFF_ERROR_KIND, OFF_FLAGS,
   OFF_PARENT_CALL_ID, OFF_PAYLOAD_LEN, OFF_WORKER_ID, PAYLOAD_IN_SHM, STOP_WORKER, WORKER_HELLO,
-  hex16, validate, writeHeader,
+  channelFileNames, shmFileName, validate, writeHeader,
 } from './wire.mjs';
 
 const { O_RDONLY, O_WRONLY, O_NONBLOCK } = fs.constants;
@@ -56,10 +56,10 @@ export function logRuntime(level, text) {
  * would hide our death from the engine).
  */
 export function openFifos(ipcDir, workerId) {
-  const base = `${ipcDir}/${workerId}`;
-  const rfd = fs.openSync(`${base}.e2w`, O_RDONLY | O_NONBLOCK);
+  const [e2w, w2e] = channelFileNames(workerId);
+  const rfd = fs.openSync(`${ipcDir}/${e2w}`, O_RDONLY | O_NONBLOCK);
   try {
-    return [rfd, fs.openSync(`${base}.w2e`, O_WRONLY | O_NONBLOCK)];
+    return [rfd, fs.openSync(`${ipcDir}/${w2e}`, O_WRONLY | O_NONBLOCK)];
   } catch (e) {
     fs.closeSync(rfd);
     throw e;
@@ -287,7 +287,7 @@ export class WorkerChannel extends Channel {
     let data;
     if (buf.readUInt16LE(off + OFF_FLAGS) & PAYLOAD_IN_SHM) {
       try {
-        data = readShm(`${this.shmDir}/${hex16(callId)}.i`, len);
+        data = readShm(`${this.shmDir}/${shmFileName(callId, DISPATCH)}`, len);
       } catch (e) {
         this.sendFailure(callId, parentCallId, INTERNAL, `cannot read input: ${e.message}`);
         return;
@@ -350,7 +350,7 @@ export class WorkerChannel extends Channel {
     }
     if (this.closed) return; // no file nobody would unlink
     try {
-      writeShm(`${this.shmDir}/${hex16(callId)}.o`, data);
+      writeShm(`${this.shmDir}/${shmFileName(callId, COMPLETION)}`, data);
     } catch (e) {
       this.sendFailure(callId, parentCallId, INTERNAL, `cannot write output: ${e.message}`);
       return;
@@ -398,7 +398,7 @@ export class WorkerChannel extends Channel {
           `input of ${n} bytes exceeds the maximum of ${limit}`));
       }
       try {
-        writeShm(`${this.shmDir}/${this.idHex(seq)}.i`, input);
+        writeShm(`${this.shmDir}/${shmFileName(this.callId(seq), INVOKE)}`, input);
       } catch (e) {
         return Promise.reject(new CallError('internal', `cannot write input: ${e.message}`));
       }
@@ -424,8 +424,9 @@ export class WorkerChannel extends Channel {
     return promise;
   }
 
-  idHex(seq) {
-    return this.workerId.toString(16).padStart(8, '0') + seq.toString(16).padStart(8, '0');
+  /** The call id of this channel's `seq`-th internal call (docs/protocol.md "Call ids"). */
+  callId(seq) {
+    return (BigInt(this.workerId) << 32n) | BigInt(seq);
   }
 
   onReply(kind, buf, off) {
@@ -439,8 +440,7 @@ export class WorkerChannel extends Channel {
     const len = buf.readUInt32LE(off + OFF_PAYLOAD_LEN);
     let payload;
     if (buf.readUInt16LE(off + OFF_FLAGS) & PAYLOAD_IN_SHM) {
-      const id = high.toString(16).padStart(8, '0') + seq.toString(16).padStart(8, '0');
-      const path = `${this.shmDir}/${id}.o`;
+      const path = `${this.shmDir}/${shmFileName((BigInt(high) << 32n) | BigInt(seq), kind)}`;
       if (waiter === undefined) {
         // Nobody waits (the call timed out): the file is ours, remove it.
         try {

@@ -48,7 +48,7 @@ export const KINDS = Object.freeze(Object.fromEntries(
 export const PAYLOAD_IN_SHM = 1;
 
 /** Highest known error kind code (codes are 1..ERROR_KIND_MAX). */
-export const ERROR_KIND_MAX = 13;
+export const ERROR_KIND_MAX = 14;
 
 export class WireError extends Error {
   constructor(message) {
@@ -222,4 +222,17 @@ export function encode(msg) {
 /** `call_id` as the 16 lowercase hex digits used in shm file names and logs. */
 export function hex16(id) {
   return id.toString(16).padStart(16, '0');
+}
+
+/** Payload file suffixes (docs/protocol.md §1 "Shared-memory payload files"). */
+export const SHM_SUFFIX = Object.freeze({ [DISPATCH]: 'i', [INVOKE]: 'i', [COMPLETION]: 'o', [FAILURE]: 'o' });
+
+/** The payload file, in `shm/`, of a `kind` message about `callId` (a BigInt). */
+export function shmFileName(callId, kind) {
+  return `${hex16(callId)}.${SHM_SUFFIX[kind]}`;
+}
+
+/** Channel `workerId`'s FIFOs in the function's IPC directory: [e2w, w2e]. */
+export function channelFileNames(workerId) {
+  return [`${workerId}.e2w`, `${workerId}.w2e`];
 }

@@ -17,7 +17,7 @@ static inline const char *conf_kind_name(int kind)
                                         "function_error", "worker_crashed", "timeout",
                                         "engine_unavailable", "bad_request", "internal",
                                         "out_of_memory", "output_too_large", "call_cycle",
-                                        "call_depth_exceeded", "function_removed"};
+                                        "call_depth_exceeded", "function_removed", "overloaded"};
     return kind >= 0 && kind < (int)(sizeof names / sizeof names[0]) ? names[kind] : "unknown";
 }
 

@@ -24,9 +24,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// The link's protocol version. 1 was the unauthenticated link, 2 had
-/// untyped control replies; an engine refuses every other version with a
+/// untyped control replies, 3 had no `overloaded` error kind and no
+/// `max_queue` in a spec; an engine refuses every other version with a
 /// message saying which it speaks.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The first bytes of a `Hello` body: tells a Staccato peer from a stray one.
 pub const HELLO_MAGIC: [u8; 4] = *b"STCO";

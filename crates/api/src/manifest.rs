@@ -11,6 +11,7 @@
 //!     min_workers: 1
 //!     max_workers: 8
 //!     timeout: 5s              # 250ms, 5s, 2m, or a number of milliseconds
+//!     max_queue: 1024          # calls waiting at once; more are `overloaded`
 //!     env: { GREETING: hi }
 //!     memory: 128Mi            # container memory limit (Ki, Mi, Gi or bytes)
 //!     pids: 64                 # container process limit
@@ -63,6 +64,8 @@ struct Entry {
     max_workers: u32,
     #[serde(default)]
     timeout: Option<serde_yaml::Value>,
+    #[serde(default = "spec::default_max_queue")]
+    max_queue: u32,
     #[serde(default)]
     env: BTreeMap<String, String>,
     #[serde(default)]
@@ -121,6 +124,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
             min_workers: e.min_workers,
             max_workers: e.max_workers,
             timeout_ms,
+            max_queue: e.max_queue,
             env: e.env,
             memory_bytes,
             pids: e.pids,

@@ -55,6 +55,11 @@ pub struct FunctionSpec {
     pub max_workers: u32,
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Calls that may wait for a worker at once; one more is refused at
+    /// once (`overloaded`, 503, retryable) instead of waiting towards its
+    /// timeout behind the others.
+    #[serde(default = "default_max_queue")]
+    pub max_queue: u32,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// The container's memory limit (swap included); the kernel kills a
@@ -119,6 +124,13 @@ pub fn default_max_workers() -> u32 {
 pub fn default_timeout_ms() -> u64 {
     30_000
 }
+pub fn default_max_queue() -> u32 {
+    1024
+}
+
+/// The longest queue a function may ask for: each waiting call holds its
+/// record and input in the engine's memory.
+pub const QUEUE_MAX: u32 = 65_536;
 
 /// The most workers one function may ask for; more would only thrash.
 pub const WORKERS_MAX: u32 = 256;
@@ -166,6 +178,9 @@ impl FunctionSpec {
                 "min_workers ({}) is greater than max_workers ({})",
                 self.min_workers, self.max_workers
             ));
+        }
+        if self.max_queue == 0 || self.max_queue > QUEUE_MAX {
+            return Err(format!("max_queue must be between 1 and {QUEUE_MAX}, got {}", self.max_queue));
         }
         if self.timeout_ms == 0 || self.timeout_ms > 15 * 60 * 1000 {
             return Err(format!("timeout must be between 1ms and 15m, got {}ms", self.timeout_ms));
@@ -276,6 +291,7 @@ mod tests {
             min_workers: 1,
             max_workers: 4,
             timeout_ms: 1000,
+            max_queue: 1024,
             env: BTreeMap::new(),
             memory_bytes: default_memory_bytes(),
             pids: default_pids(),
@@ -288,6 +304,8 @@ mod tests {
     fn validation() {
         assert_eq!(spec().validate(), Ok(()));
         assert!(FunctionSpec { min_workers: 5, ..spec() }.validate().unwrap_err().contains("greater"));
+        assert!(FunctionSpec { max_queue: 0, ..spec() }.validate().unwrap_err().contains("max_queue"));
+        assert!(FunctionSpec { max_queue: QUEUE_MAX + 1, ..spec() }.validate().unwrap_err().contains("max_queue"));
         assert!(FunctionSpec { handler: "a-b:c".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { handler: "pkg.mod:fn_1".into(), ..spec() }.validate().is_ok());
         assert!(FunctionSpec { runtime: Runtime::C, handler: "../x.c".into(), ..spec() }.validate().is_err());

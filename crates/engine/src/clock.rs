@@ -5,7 +5,7 @@
 //! microsecond scale. Deadlines are checked every `SCAN`, so a timeout fires
 //! up to that much late; that is fine for millisecond timeouts.
 
-use crate::shared::{lock, Cmd, Function, LauncherState, Outcome, Shared};
+use crate::shared::{Cmd, Function, LauncherState, Outcome, Shared};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wire::ErrorKind;
@@ -34,12 +34,9 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// the pool replace it.
 fn expire(shared: &Shared) {
     let now_us = sys::clock::unix_us();
-    let expired: Vec<u64> = {
-        let calls = lock(&shared.calls);
-        calls.iter().filter(|(_, r)| r.deadline_us <= now_us).map(|(id, _)| *id).collect()
-    };
+    let expired = shared.calls.select(|r| r.deadline_us <= now_us);
     for call_id in expired {
-        let Some(rec) = lock(&shared.calls).remove(&call_id) else { continue };
+        let Some(rec) = shared.calls.remove(call_id) else { continue };
         let func = rec.func.clone();
         // Rounded: the deadline is computed from a clock reading taken a few
         // µs before recv_unix_us, so flooring reports 499 ms for 500.
@@ -48,7 +45,7 @@ fn expire(shared: &Shared) {
             Some((worker_id, pid)) => {
                 // Before the kill: its reply may still arrive, and the
                 // worker must not be handed the next call meanwhile.
-                let mut core = lock(&func.core);
+                let mut core = func.lock_core();
                 core.sched.abandon(worker_id);
                 core.kill(pid);
                 drop(core);
@@ -59,7 +56,7 @@ fn expire(shared: &Shared) {
             }
             None => format!("call to {} waited {timeout_ms} ms in the queue without running", func.spec.name),
         };
-        lock(&func.core).failed += 1;
+        func.lock_core().failed += 1;
         shared.trace(call_id, &rec, rec.worker.map_or(0, |w| w.0), ErrorKind::Timeout.name());
         if let Some(r) = shared.deliver(call_id, rec, Outcome::Err(ErrorKind::Timeout, msg), None) {
             shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
@@ -106,7 +103,7 @@ pub(crate) fn pause_delay(
 
 fn reuse(shared: &Shared, f: &Function, cc: &crate::config::ContainerConfig) {
     let now = sys::clock::monotonic_ns();
-    let mut core = lock(&f.core);
+    let mut core = f.lock_core();
     let Some(c) = core.launcher.container.clone() else { return };
     if core.launcher.state != LauncherState::Ready {
         return;

@@ -231,7 +231,7 @@ impl IoThread {
 
     fn on_launcher_hello(&mut self, func: &Arc<Function>, pid: u32) {
         {
-            let mut core = lock(&func.core);
+            let mut core = func.lock_core();
             core.launcher.state = LauncherState::Ready;
             core.launcher.ready_at = Some(std::time::Instant::now());
             core.launcher.crashed_mid_call = false;
@@ -246,7 +246,7 @@ impl IoThread {
 
     fn launcher_gone(&mut self, func: &Arc<Function>) {
         let (dropped, never_ready) = {
-            let mut core = lock(&func.core);
+            let mut core = func.lock_core();
             let never_ready = core.launcher.state == LauncherState::Starting;
             // Under the lock: once `Down` is visible, another thread may
             // start a new launcher whose FIFOs have these names.
@@ -313,7 +313,7 @@ impl IoThread {
 
     fn on_worker_hello(&mut self, func: &Arc<Function>, worker_id: u32, pid: u32) {
         let (known, container) = {
-            let mut core = lock(&func.core);
+            let mut core = func.lock_core();
             let ok = core.sched.worker_ready(worker_id, sys::clock::monotonic_ns());
             if let Some(h) = core.workers.get_mut(&worker_id) {
                 h.pid = pid;
@@ -367,9 +367,9 @@ impl IoThread {
             Outcome::Err(kind, String::from_utf8_lossy(&text).into_owned())
         };
         let now = sys::clock::monotonic_ns();
-        let rec = lock(&self.shared.calls).remove(&call_id);
+        let rec = self.shared.calls.remove(call_id);
         {
-            let mut core = lock(&func.core);
+            let mut core = func.lock_core();
             let processing =
                 rec.as_ref().map_or(0, |r| now.saturating_sub(r.dispatch_ns).saturating_sub(r.sub_queue_ns));
             core.sched.complete(worker_id, call_id, processing, now);
@@ -406,7 +406,7 @@ impl IoThread {
         let inline = m.inline(h);
         let name_len = usize::from(h.name_len);
         let (tx, running) = {
-            let core = lock(&caller.core);
+            let core = caller.lock_core();
             let running = core.sched.worker(worker_id).and_then(|w| match w.state {
                 crate::scheduler::WorkerState::Busy(call) => Some(call),
                 _ => None,

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod build;
+mod calls;
 mod clock;
 mod code;
 pub mod concurrency;
@@ -81,10 +82,10 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         cpus,
         cfg,
         functions: RwLock::new(HashMap::new()),
-        calls: Mutex::new(HashMap::new()),
+        calls: calls::CallTable::new(),
         mailboxes,
         supervisor: Mutex::new(sup_tx),
-        traces: Mutex::new(Default::default()),
+        traces: calls::TraceRing::new(),
         next_worker_id: AtomicU32::new(1),
         next_owner: AtomicUsize::new(0),
         pool: pool.clone(),

@@ -97,7 +97,25 @@ impl Scheduler {
 
     pub fn tau(&self, now_ns: u64) -> u32 {
         let busy = self.queued() > 0 || self.running > 0;
-        self.hint.tau(now_ns, busy, self.min_workers, self.max_workers)
+        let tau = self.hint.tau(now_ns, busy, self.min_workers, self.max_workers);
+        debug_assert!(tau >= 1, "τ = {tau}: a function could never run a call");
+        tau
+    }
+
+    /// The bookkeeping agrees with itself: `running` counts the busy
+    /// workers, `idle` lists exactly the idle ones, once each. O(workers):
+    /// checked in debug builds after every change.
+    fn check(&self) {
+        if cfg!(debug_assertions) {
+            let busy = self.workers.values().filter(|w| matches!(w.state, WorkerState::Busy(_))).count();
+            debug_assert_eq!(busy, self.running as usize, "running is not the number of busy workers");
+            let idle = self.workers.values().filter(|w| w.state == WorkerState::Idle).count();
+            debug_assert_eq!(idle, self.idle.len(), "the idle list is not the idle workers");
+            debug_assert!(
+                self.idle.iter().all(|id| self.workers.get(id).is_some_and(|w| w.state == WorkerState::Idle)),
+                "the idle list holds a worker that is not idle"
+            );
+        }
     }
 
     pub fn enqueue(&mut self, call_id: u64, now_ns: u64) {
@@ -137,9 +155,12 @@ impl Scheduler {
             .unwrap_or(self.idle.len() - 1);
         let worker = self.idle.remove(pos);
         let call = if from_nested { self.nested.pop_front()? } else { self.queue.pop_front()? };
-        self.workers.get_mut(&worker)?.state = WorkerState::Busy(call);
+        let w = self.workers.get_mut(&worker)?;
+        debug_assert_eq!(w.state, WorkerState::Idle, "dispatching to worker {worker}, which is not idle");
+        w.state = WorkerState::Busy(call);
         self.running += 1;
         self.running_max = self.running_max.max(self.running);
+        self.check();
         Some((call, worker))
     }
 
@@ -153,6 +174,7 @@ impl Scheduler {
                 self.idle.push(worker);
             }
         }
+        self.check();
     }
 
     /// How many workers to start now.
@@ -210,6 +232,7 @@ impl Scheduler {
         self.running -= 1;
         self.idle.push(id);
         self.hint.on_processed(processing_ns);
+        self.check();
         true
     }
 
@@ -222,6 +245,7 @@ impl Scheduler {
             WorkerState::Idle => Removed::Crashed,
             WorkerState::Busy(call) => {
                 self.running -= 1;
+                self.check();
                 Removed::CrashedDuring(call)
             }
         }
@@ -259,10 +283,12 @@ impl Scheduler {
     pub fn abandon(&mut self, id: u32) {
         if let Some(w) = self.workers.get_mut(&id) {
             if matches!(w.state, WorkerState::Busy(_)) {
+                // Stopping before it is killed: it gets nothing new.
                 w.state = WorkerState::Stopping;
                 self.running -= 1;
             }
         }
+        self.check();
     }
 
     /// Idle workers to stop now, marked `Stopping`: only those idle for at

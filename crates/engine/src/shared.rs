@@ -1,8 +1,8 @@
 //! State shared by the engine's threads, and the call flows that run on
 //! whichever I/O thread received the event (Nightcore §3.2, §4.1).
 //!
-//! Locking: a function's `core` mutex may be held while taking the `calls`
-//! mutex, never the other way round. Writes to a worker's `e2w` pipe may come
+//! Locking: a function's `core` mutex may be held while taking a shard of
+//! `calls` (one at a time), never the other way round. Writes to a worker's `e2w` pipe may come
 //! from any thread: each is one atomic 1 KB write (PIPE_BUF), so no
 //! ownership is needed for them. A gateway connection is written only by the
 //! I/O thread that owns it; other threads send it replies by mailbox.
@@ -11,7 +11,7 @@ use crate::config::{EngineConfig, Placement};
 use crate::scheduler::{Removed, Scheduler};
 use crate::spec::FunctionSpec;
 use mio::{Token, Waker};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -50,6 +50,15 @@ pub(crate) struct FnCore {
     /// the launcher's and the workers' channels close in any order, and
     /// each call they were running must still be told `out_of_memory`.
     pub oom_at: Option<Instant>,
+}
+
+impl Function {
+    /// Locks the function's core. Lock order (module doc): never while
+    /// holding a shard of `calls`, which debug builds check.
+    pub fn lock_core(&self) -> MutexGuard<'_, FnCore> {
+        debug_assert!(!crate::calls::shard_held(), "lock order: {}'s core taken inside a calls shard", self.spec.name);
+        lock(&self.core)
+    }
 }
 
 impl FnCore {
@@ -174,8 +183,6 @@ pub(crate) struct TraceRecord {
     pub outcome: &'static str,
 }
 
-const TRACE_RING_LEN: usize = 4096;
-
 /// Sent to an I/O thread's mailbox; the thread is woken through eventfd.
 pub(crate) enum Cmd {
     AdoptConn(std::net::TcpStream),
@@ -198,10 +205,10 @@ pub(crate) enum SupervisorCmd {
 pub(crate) struct Shared {
     pub cfg: EngineConfig,
     pub functions: RwLock<HashMap<String, Arc<Function>>>,
-    pub calls: Mutex<HashMap<u64, CallRecord>>,
+    pub calls: crate::calls::CallTable,
     pub mailboxes: Vec<Mailbox>,
     pub supervisor: Mutex<Sender<SupervisorCmd>>,
-    pub traces: Mutex<VecDeque<TraceRecord>>,
+    pub traces: crate::calls::TraceRing,
     pub next_worker_id: AtomicU32,
     pub next_owner: AtomicUsize,
     pub cpus: Vec<usize>,
@@ -265,10 +272,17 @@ impl Shared {
     pub fn submit(&self, call_id: u64, rec: CallRecord, cur: usize) -> Vec<GatewayReply> {
         let func = rec.func.clone();
         let (now, nested) = (rec.recv_ns, rec.nested);
-        lock(&self.calls).insert(call_id, rec);
-        let removed = {
-            let mut core = lock(&func.core);
-            if !core.removed {
+        if let Err(rec) = self.calls.insert(call_id, rec) {
+            // Internal calls are checked earlier (`ancestry`), with a better
+            // message; this is every origin's last line. The call in flight
+            // keeps its record and its answer.
+            let msg = format!("call id {call_id:016x} is already in flight");
+            return self.deliver(call_id, rec, Outcome::Err(ErrorKind::BadRequest, msg), None).into_iter().collect();
+        }
+        let (removed, full) = {
+            let mut core = func.lock_core();
+            let full = core.sched.queued() >= func.spec.max_queue as usize;
+            if !core.removed && !full {
                 if nested {
                     core.sched.enqueue_nested(call_id, now);
                 } else {
@@ -277,8 +291,19 @@ impl Shared {
                 core.last_active_ns = now;
                 core.thaw();
             }
-            core.removed
+            (core.removed, full)
         };
+        if full && !removed {
+            // Shed at once: waiting behind a full queue would only end in a
+            // timeout, holding the caller (and its worker) until then.
+            let mut replies = Vec::new();
+            let msg = format!(
+                "function {} has {} calls waiting for a worker, its limit (max_queue); retry later",
+                func.spec.name, func.spec.max_queue
+            );
+            self.fail_call(call_id, ErrorKind::Overloaded, msg, &mut replies);
+            return replies;
+        }
         if removed {
             // Removed between the caller's lookup and now: answer at once.
             let mut replies = Vec::new();
@@ -292,20 +317,20 @@ impl Shared {
     /// How deep a new call `call_id` under `parent` would be (its callers,
     /// counted up to the external call), how many of those callers are calls
     /// of `callee`, each holding one of its workers while it waits, and
-    /// whether `call_id` is already in flight. One look at `calls`: this is
-    /// on every internal call's path.
+    /// whether `call_id` is already in flight.
     pub fn ancestry(&self, call_id: u64, parent: u64, callee: &Arc<Function>, depth_max: u32) -> (u32, u32, bool) {
-        let calls = lock(&self.calls);
-        let duplicate = calls.contains_key(&call_id);
+        let duplicate = self.calls.contains(call_id);
         let (mut depth, mut held, mut id) = (0u32, 0u32, parent);
-        // Bounded: a chain longer than depth_max is refused anyway.
+        // Bounded: a chain longer than depth_max is refused anyway. One
+        // shard at a time: an ancestor that finishes meanwhile ends the
+        // walk early, which only under-counts a chain that is unwinding.
         while id != 0 && depth <= depth_max {
-            let Some(rec) = calls.get(&id) else { break };
+            let Some((parent, mine)) = self.calls.with(id, |r| (r.parent_call_id, Arc::ptr_eq(&r.func, callee))) else {
+                break;
+            };
             depth += 1;
-            if Arc::ptr_eq(&rec.func, callee) {
-                held += 1;
-            }
-            id = rec.parent_call_id;
+            held += u32::from(mine);
+            id = parent;
         }
         (depth, held, duplicate)
     }
@@ -322,7 +347,7 @@ impl Shared {
     pub fn pump_with(&self, func: &Arc<Function>, cur: usize, housekeeping: bool) -> Vec<GatewayReply> {
         let now = sys::clock::monotonic_ns();
         let actions = {
-            let mut core = lock(&func.core);
+            let mut core = func.lock_core();
             if core.removed {
                 return Vec::new();
             }
@@ -345,24 +370,29 @@ impl Shared {
                 core.sched.unreserve(worker_id);
                 continue;
             };
-            let mut calls = lock(&self.calls);
-            let Some(rec) = calls.get_mut(&call_id) else {
+            let pid = handle.pid;
+            let taken = self.calls.with(call_id, |rec| {
+                debug_assert_eq!(rec.dispatch_ns, 0, "call {call_id:016x} dispatched twice");
+                rec.dispatch_ns = now;
+                rec.worker = Some((worker_id, pid));
+                rec.cold = ready_ns > rec.recv_ns;
+                let mut header = Header::new(Kind::Dispatch);
+                header.call_id = call_id;
+                header.parent_call_id = rec.parent_call_id;
+                header.worker_id = worker_id;
+                header.deadline_us = rec.deadline_us;
+                let input = rec.input.take().unwrap_or(Payload::Bytes(Vec::new()));
+                (header, input, now.saturating_sub(rec.recv_ns))
+            });
+            let Some((header, input, queued)) = taken else {
                 // Timed out while queued.
                 core.sched.unreserve(worker_id);
                 continue;
             };
-            rec.dispatch_ns = now;
-            rec.worker = Some((worker_id, handle.pid));
-            rec.cold = ready_ns > rec.recv_ns;
-            let mut header = Header::new(Kind::Dispatch);
-            header.call_id = call_id;
-            header.parent_call_id = rec.parent_call_id;
-            header.worker_id = worker_id;
-            header.deadline_us = rec.deadline_us;
-            let input = rec.input.take().unwrap_or(Payload::Bytes(Vec::new()));
-            let (parent, queued) = (rec.parent_call_id, now.saturating_sub(rec.recv_ns));
-            if let Some(p) = calls.get_mut(&parent) {
-                p.sub_queue_ns += queued;
+            // The caller's record is in another shard: taken after this
+            // one is released, never both at once.
+            if header.parent_call_id != 0 {
+                self.calls.with(header.parent_call_id, |p| p.sub_queue_ns += queued);
             }
             out.push(Action::Dispatch { tx: handle.tx.clone(), header, input });
         }
@@ -494,7 +524,7 @@ impl Shared {
     /// A dispatch never reached worker `worker_id`: undo its reservation
     /// (it would otherwise stay busy forever), and with `kill` recycle it.
     fn dispatch_failed(&self, func: &Function, worker_id: u32, kill: bool) {
-        let mut core = lock(&func.core);
+        let mut core = func.lock_core();
         if kill {
             core.sched.abandon(worker_id);
             if let Some(pid) = core.workers.get(&worker_id).map(|w| w.pid).filter(|p| *p != 0) {
@@ -507,9 +537,9 @@ impl Shared {
 
     /// Ends a call with an error, if it is still in flight.
     pub fn fail_call(&self, call_id: u64, kind: ErrorKind, message: String, replies: &mut Vec<GatewayReply>) {
-        let rec = lock(&self.calls).remove(&call_id);
+        let rec = self.calls.remove(call_id);
         if let Some(rec) = rec {
-            lock(&rec.func.core).failed += 1;
+            rec.func.lock_core().failed += 1;
             self.trace(call_id, &rec, 0, kind.name());
             replies.extend(self.deliver(call_id, rec, Outcome::Err(kind, message), None));
         }
@@ -552,18 +582,14 @@ impl Shared {
             complete_ns: sys::clock::monotonic_ns(),
             outcome,
         };
-        let mut ring = lock(&self.traces);
-        if ring.len() == TRACE_RING_LEN {
-            ring.pop_front();
-        }
-        ring.push_back(t);
+        self.traces.push(t);
     }
 
     /// A worker's channel closed. Fails the call it was running, cleans its
     /// files, and lets the pool replace it.
     pub fn worker_gone(&self, func: &Arc<Function>, worker_id: u32, cur: usize) -> Vec<GatewayReply> {
         let (removed, pid, oom) = {
-            let mut core = lock(&func.core);
+            let mut core = func.lock_core();
             let r = core.sched.remove_worker(worker_id);
             let pid = core.workers.remove(&worker_id).map_or(0, |h| h.pid);
             let oom = core.launcher.container.as_ref().is_some_and(|c| c.oom_since_start())
@@ -584,7 +610,7 @@ impl Shared {
         let mut replies = Vec::new();
         match removed {
             Removed::CrashedDuring(call_id) => {
-                lock(&func.core).launcher.crashed_mid_call = true;
+                func.lock_core().launcher.crashed_mid_call = true;
                 sys::payload::remove(&func.dir, &shm_file_name(call_id, Kind::Dispatch));
                 let (kind, msg) = if oom {
                     (ErrorKind::OutOfMemory, oom_message(func))
@@ -612,12 +638,11 @@ impl Shared {
     /// charged to the writer's memory cgroup), and must not outlive it on
     /// the host's /dev/shm.
     pub fn sweep_ipc_dir(&self, func: &Arc<Function>) {
-        let keep: std::collections::HashSet<std::ffi::OsString> = lock(&self.calls)
-            .iter()
-            .filter(|(_, r)| {
-                Arc::ptr_eq(&r.func, func) && r.dispatch_ns == 0 && matches!(r.input, Some(Payload::Shm(_)))
-            })
-            .map(|(id, _)| shm_file_name(*id, Kind::Invoke).into())
+        let keep: std::collections::HashSet<std::ffi::OsString> = self
+            .calls
+            .select(|r| Arc::ptr_eq(&r.func, func) && r.dispatch_ns == 0 && matches!(r.input, Some(Payload::Shm(_))))
+            .into_iter()
+            .map(|id| shm_file_name(id, Kind::Invoke).into())
             .collect();
         let shm = func.dir.join("shm");
         for dir in [&func.dir, &shm] {
@@ -644,7 +669,7 @@ impl Shared {
             .functions()
             .iter()
             .map(|f| {
-                let core = lock(&f.core);
+                let core = f.lock_core();
                 let container = core.launcher.container.as_ref().map(|c| ContainerStatus {
                     id: c.id.clone(),
                     uid: c.uid,

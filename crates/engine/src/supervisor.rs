@@ -3,7 +3,7 @@
 //! threads because all of this may block (fork/exec, compilers, disks).
 
 use crate::scheduler::Scheduler;
-use crate::shared::{lock, Cmd, FnCore, Function, Launcher, LauncherState, Shared, SupervisorCmd};
+use crate::shared::{Cmd, FnCore, Function, Launcher, LauncherState, Outcome, Shared, SupervisorCmd};
 use crate::spec::FunctionSpec;
 use api::control::{Refusal, RefusalKind, Reply, Request};
 use std::collections::HashMap;
@@ -171,7 +171,7 @@ impl Supervisor {
         let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.launcher_ready_timeout_ms);
         loop {
             let (state, err) = {
-                let core = lock(&func.core);
+                let core = func.lock_core();
                 (core.launcher.state, core.launcher.last_error.clone())
             };
             match state {
@@ -215,7 +215,7 @@ impl Supervisor {
     /// finish for a while (`drain_tick`), then are answered the same.
     fn retire(&mut self, f: &Arc<Function>, why: &'static str, successor: Option<&Arc<Function>>) {
         let (queued, running) = {
-            let mut core = lock(&f.core);
+            let mut core = f.lock_core();
             core.removed = true;
             core.thaw();
             (core.sched.drain_queue(), core.sched.running())
@@ -245,15 +245,16 @@ impl Supervisor {
     /// A queued call of a replaced function goes to its new version, with
     /// its input file, if it has one, moved to the new directory.
     fn move_call(&self, call_id: u64, old: &Arc<Function>, new: &Arc<Function>) -> Vec<crate::shared::GatewayReply> {
-        let Some(mut rec) = lock(&self.shared.calls).remove(&call_id) else { return Vec::new() };
+        let Some(mut rec) = self.shared.calls.remove(call_id) else { return Vec::new() };
         if let Some(crate::shared::Payload::Shm(_)) = rec.input {
             let name = wire::message::shm_file_name(call_id, wire::Kind::Invoke);
             if let Err(e) = sys::payload::forward(&old.dir, &new.dir, &name) {
                 let mut replies = Vec::new();
-                lock(&self.shared.calls).insert(call_id, rec);
                 let msg =
                     format!("function {} was redeployed and the call's input could not follow: {e}", old.spec.name);
-                self.shared.fail_call(call_id, ErrorKind::FunctionRemoved, msg, &mut replies);
+                old.lock_core().failed += 1;
+                self.shared.trace(call_id, &rec, 0, ErrorKind::FunctionRemoved.name());
+                replies.extend(self.shared.deliver(call_id, rec, Outcome::Err(ErrorKind::FunctionRemoved, msg), None));
                 return replies;
             }
         }
@@ -268,7 +269,7 @@ impl Supervisor {
         let done: Vec<Draining> = {
             let (done, keep) = std::mem::take(&mut self.draining)
                 .into_iter()
-                .partition(|d| now >= d.until || lock(&d.f.core).sched.running() == 0);
+                .partition(|d| now >= d.until || d.f.lock_core().sched.running() == 0);
             self.draining = keep;
             done
         };
@@ -281,8 +282,7 @@ impl Supervisor {
     /// its processes and removes its files. The calls are answered first,
     /// so the workers' deaths that follow report nothing.
     fn finish_retire(&mut self, f: &Arc<Function>, why: &str) {
-        let running: Vec<u64> =
-            lock(&self.shared.calls).iter().filter(|(_, r)| Arc::ptr_eq(&r.func, f)).map(|(id, _)| *id).collect();
+        let running: Vec<u64> = self.shared.calls.select(|r| Arc::ptr_eq(&r.func, f));
         let mut replies = Vec::new();
         for call_id in running {
             let msg = format!("function {} stopped while running the call: {why}", f.spec.name);
@@ -292,7 +292,7 @@ impl Supervisor {
             self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
         }
         let (pids, container) = {
-            let mut core = lock(&f.core);
+            let mut core = f.lock_core();
             let mut pids: Vec<u32> = core.workers.values().map(|w| w.pid).filter(|p| *p != 0).collect();
             if core.launcher.pid != 0 {
                 pids.push(core.launcher.pid);
@@ -323,7 +323,7 @@ impl Supervisor {
             Err(e) => {
                 log::error!("{}: starting launcher: {e}", f.spec.name);
                 {
-                    let mut core = lock(&f.core);
+                    let mut core = f.lock_core();
                     core.launcher.state = LauncherState::Down;
                     core.launcher.failed_at = Some(Instant::now());
                     core.launcher.last_error = e;
@@ -359,13 +359,13 @@ impl Supervisor {
         let pid = child.id();
         self.children.push((child, f.clone()));
         {
-            let mut core = lock(&f.core);
+            let mut core = f.lock_core();
             core.launcher.state = LauncherState::Starting;
             core.launcher.tx = Some(Arc::new(ch.tx));
             core.launcher.pid = pid;
         }
         let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % self.shared.mailboxes.len();
-        lock(&f.core).launcher.owner = owner;
+        f.lock_core().launcher.owner = owner;
         self.shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
         Ok(())
     }
@@ -432,7 +432,7 @@ impl Supervisor {
         };
         self.contained.push((c.clone(), pid, f.clone()));
         {
-            let mut core = lock(&f.core);
+            let mut core = f.lock_core();
             core.launcher.state = LauncherState::Starting;
             core.launcher.tx = Some(Arc::new(ch.tx));
             core.launcher.pid = pid;
@@ -441,7 +441,7 @@ impl Supervisor {
             core.oom_at = None;
         }
         let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % self.shared.mailboxes.len();
-        lock(&f.core).launcher.owner = owner;
+        f.lock_core().launcher.owner = owner;
         self.shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
         Ok(())
     }
@@ -450,7 +450,7 @@ impl Supervisor {
         // A contained launcher's end is reported by its container's init.
         let mut exited = Vec::new();
         self.contained.retain(|(c, pid, f)| {
-            let current = lock(&f.core).launcher.container.as_ref().is_some_and(|x| Arc::ptr_eq(x, c));
+            let current = f.lock_core().launcher.container.as_ref().is_some_and(|x| Arc::ptr_eq(x, c));
             let ended = c.poll_status().iter().any(|l| l.starts_with(&format!("EXIT {pid} ")));
             if ended && current {
                 exited.push((*pid, f.clone()));
@@ -477,7 +477,7 @@ impl Supervisor {
     /// news of it: mark the function failed with the reason from its log.
     fn launcher_exited(&mut self, pid: u32, f: &Arc<Function>) {
         {
-            let mut core = lock(&f.core);
+            let mut core = f.lock_core();
             if core.launcher.pid != pid || core.launcher.state != LauncherState::Starting {
                 return; // an I/O thread saw its channel close and handled it
             }
@@ -502,15 +502,9 @@ impl Supervisor {
     }
 
     fn trace(&self, function: Option<&str>, limit: usize) -> Reply {
-        // Copy under the lock, format outside it: every completing call on
-        // the I/O threads takes this lock.
-        let picked: Vec<_> = lock(&self.shared.traces)
-            .iter()
-            .rev()
-            .filter(|t| function.is_none_or(|f| t.function.spec.name == f))
-            .take(limit)
-            .cloned()
-            .collect();
+        // Copied under each shard's lock, formatted outside them: completing
+        // calls on the I/O threads take these locks.
+        let picked = self.shared.traces.recent(limit, |t| function.is_none_or(|f| t.function.spec.name == f));
         Reply::Traces { traces: picked.iter().map(|t| t.to_api()).collect() }
     }
 }

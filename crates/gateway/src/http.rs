@@ -147,7 +147,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
     let id = format!("{call_id:016x}");
     match outcome {
         Ok((out, t)) => {
-            sh.metrics.record(name, "ok", latency_s);
+            sh.metrics.record(th.index(), name, "ok", latency_s);
             let mut r = Response::new(Full::new(out));
             let h = r.headers_mut();
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
@@ -156,7 +156,12 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
             r
         }
         Err((kind, msg, t)) => {
-            sh.metrics.record(if kind == ErrorKind::NotFound { "_unknown" } else { name }, kind.name(), latency_s);
+            sh.metrics.record(
+                th.index(),
+                if kind == ErrorKind::NotFound { "_unknown" } else { name },
+                kind.name(),
+                latency_s,
+            );
             let status = StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let mut r = error_resp(status, kind.name(), &msg, Some(&id));
             r.headers_mut().insert(CALL_ID_HEADER, HeaderValue::from_str(&id).expect("hex is a valid header"));
@@ -387,6 +392,12 @@ pub fn json_resp(status: StatusCode, v: &Value) -> Resp {
         .expect("static response parts")
 }
 
+/// An error body. Every 503 (`overloaded`, `engine_unavailable`) is worth
+/// retrying and says when: `Retry-After: 1`.
 pub fn error_resp(status: StatusCode, kind: &str, message: &str, call_id: Option<&str>) -> Resp {
-    json_resp(status, &json!({"error": {"kind": kind, "message": message, "call_id": call_id}}))
+    let mut r = json_resp(status, &json!({"error": {"kind": kind, "message": message, "call_id": call_id}}));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
 }

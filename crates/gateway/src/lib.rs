@@ -93,6 +93,11 @@ impl ThreadState {
     /// Gateway call ids: bit 63 set (docs/protocol.md), the thread index in
     /// bits 56..63, a counter below that which starts at the start-up time in
     /// microseconds so a restarted gateway does not reuse recent ids.
+    /// This HTTP thread's index.
+    pub fn index(&self) -> usize {
+        self.thread as usize
+    }
+
     pub fn next_call_id(&self) -> u64 {
         let seq = self.next_seq.get();
         self.next_seq.set(seq + 1);
@@ -115,7 +120,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     let sh = Arc::new(GwShared {
         cfg,
         store,
-        metrics: Default::default(),
+        metrics: metrics::Metrics::new(threads),
         control,
         connections: AtomicUsize::new(0),
         reserve: AtomicUsize::new(0),

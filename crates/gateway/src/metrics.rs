@@ -1,5 +1,9 @@
 //! Prometheus metrics: per-function invocation counts by outcome and
 //! end-to-end latency histograms, as seen by the gateway.
+//!
+//! Every call records here, on the HTTP thread that served it: each thread
+//! has its own table behind its own (uncontended) mutex, and `/metrics`
+//! merges them. One shared table made the threads queue behind each other.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -12,7 +16,7 @@ const BUCKETS_S: [f64; 18] = [
     5.0, 10.0,
 ];
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct FnMetrics {
     outcomes: BTreeMap<&'static str, u64>,
     buckets: [u64; BUCKETS_S.len()],
@@ -20,14 +24,32 @@ struct FnMetrics {
     sum_s: f64,
 }
 
-#[derive(Default)]
+impl FnMetrics {
+    fn add(&mut self, o: &FnMetrics) {
+        for (k, n) in &o.outcomes {
+            *self.outcomes.entry(k).or_default() += n;
+        }
+        for (b, n) in self.buckets.iter_mut().zip(o.buckets) {
+            *b += n;
+        }
+        self.count += o.count;
+        self.sum_s += o.sum_s;
+    }
+}
+
 pub struct Metrics {
-    by_fn: Mutex<BTreeMap<String, FnMetrics>>,
+    /// One table per HTTP thread.
+    by_thread: Vec<Mutex<BTreeMap<String, FnMetrics>>>,
 }
 
 impl Metrics {
-    pub fn record(&self, function: &str, outcome: &'static str, latency_s: f64) {
-        let mut m = self.by_fn.lock().unwrap_or_else(|p| p.into_inner());
+    pub fn new(threads: usize) -> Metrics {
+        Metrics { by_thread: (0..threads.max(1)).map(|_| Mutex::default()).collect() }
+    }
+
+    /// Records a call served by HTTP thread `thread`.
+    pub fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64) {
+        let mut m = self.by_thread[thread % self.by_thread.len()].lock().unwrap_or_else(|p| p.into_inner());
         if !m.contains_key(function) {
             m.insert(function.to_string(), FnMetrics::default());
         }
@@ -41,7 +63,14 @@ impl Metrics {
     }
 
     pub fn render(&self) -> String {
-        let m = self.by_fn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m: BTreeMap<String, FnMetrics> = BTreeMap::new();
+        for t in &self.by_thread {
+            // Copied out one thread at a time: no thread waits for rendering.
+            let part = t.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for (name, f) in part {
+                m.entry(name).or_default().add(&f);
+            }
+        }
         let mut s = String::new();
         s.push_str("# HELP staccato_invocations_total Function invocations through the gateway, by outcome.\n");
         s.push_str("# TYPE staccato_invocations_total counter\n");
@@ -77,10 +106,10 @@ mod tests {
 
     #[test]
     fn histogram_is_cumulative() {
-        let m = Metrics::default();
-        m.record("f", "ok", 30e-6);
-        m.record("f", "ok", 2.0);
-        m.record("f", "timeout", 100.0);
+        let m = Metrics::new(2);
+        m.record(0, "f", "ok", 30e-6);
+        m.record(1, "f", "ok", 2.0);
+        m.record(1, "f", "timeout", 100.0);
         let text = m.render();
         assert!(text.contains("staccato_invocations_total{function=\"f\",outcome=\"ok\"} 2"), "{text}");
         assert!(text.contains("staccato_invocations_total{function=\"f\",outcome=\"timeout\"} 1"));
@@ -88,5 +117,6 @@ mod tests {
         assert!(text.contains("le=\"2.5\"} 2"));
         assert!(text.contains("le=\"+Inf\"} 3"));
         assert!(text.contains("_count{function=\"f\"} 3"));
+        assert!(text.contains("_sum{function=\"f\"} 102.00003"), "{text}");
     }
 }

@@ -151,6 +151,7 @@ mod tests {
             min_workers: 1,
             max_workers: 2,
             timeout_ms: 10,
+            max_queue: 1024,
             env: Default::default(),
             memory_bytes: 64 << 20,
             pids: 32,

@@ -188,6 +188,20 @@ mod tests {
     }
 
     #[test]
+    fn channel_file_names_are_the_contracts() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testvectors/contract_v1.json");
+        let c: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("contract")).expect("JSON");
+        let dir = Path::new("/ipc/f.1");
+        for f in c["channel_files"].as_array().expect("channel_files") {
+            let id = f["id"].as_u64().expect("id") as u32;
+            let (e2w, w2e) = channel_paths(dir, id);
+            assert_eq!(e2w, dir.join(f["e2w"].as_str().expect("e2w")));
+            assert_eq!(w2e, dir.join(f["w2e"].as_str().expect("w2e")));
+        }
+    }
+
+    #[test]
     fn channel_round_trip_and_eof() {
         let d = tmpdir("chan");
         let eng = EngineChannel::create(&d, 5).expect("create");

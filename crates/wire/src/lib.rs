@@ -32,10 +32,11 @@ pub enum ErrorKind {
     CallCycle = 11,
     CallDepthExceeded = 12,
     FunctionRemoved = 13,
+    Overloaded = 14,
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::NotFound,
         ErrorKind::PayloadTooLarge,
         ErrorKind::FunctionError,
@@ -49,6 +50,7 @@ impl ErrorKind {
         ErrorKind::CallCycle,
         ErrorKind::CallDepthExceeded,
         ErrorKind::FunctionRemoved,
+        ErrorKind::Overloaded,
     ];
 
     pub fn from_code(code: u16) -> Option<ErrorKind> {
@@ -74,6 +76,7 @@ impl ErrorKind {
             ErrorKind::CallCycle => "call_cycle",
             ErrorKind::CallDepthExceeded => "call_depth_exceeded",
             ErrorKind::FunctionRemoved => "function_removed",
+            ErrorKind::Overloaded => "overloaded",
         }
     }
 
@@ -98,6 +101,8 @@ impl ErrorKind {
             ErrorKind::CallDepthExceeded => 508,
             // Gone: the function was removed while the call waited or ran.
             ErrorKind::FunctionRemoved => 410,
+            // Retryable: the function's queue is full now, not forever.
+            ErrorKind::Overloaded => 503,
         }
     }
 }
@@ -137,7 +142,7 @@ mod tests {
             assert_eq!(ErrorKind::from_code(k.code()), Some(k));
         }
         assert_eq!(ErrorKind::from_code(0), None);
-        assert_eq!(ErrorKind::from_code(14), None);
+        assert_eq!(ErrorKind::from_code(15), None);
     }
 
     #[test]

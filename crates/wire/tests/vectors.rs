@@ -66,3 +66,39 @@ fn shared_message_vectors() {
     }
     assert!(valid > 10 && invalid > 10, "vector file lost cases: {valid} valid, {invalid} invalid");
 }
+
+fn contract() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testvectors/contract_v1.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("read contract")).expect("contract JSON")
+}
+
+/// The error kinds, their names and HTTP statuses are exactly the contract's.
+#[test]
+fn error_kinds_are_the_contracts() {
+    use staccato_wire::ErrorKind;
+    let c = contract();
+    let want: Vec<(u16, String, u16)> = c["error_kinds"]
+        .as_array()
+        .expect("error_kinds")
+        .iter()
+        .map(|k| {
+            let n = |f: &str| k[f].as_u64().expect("number") as u16;
+            (n("code"), k["name"].as_str().expect("name").to_string(), n("http_status"))
+        })
+        .collect();
+    let ours: Vec<(u16, String, u16)> =
+        ErrorKind::ALL.iter().map(|k| (k.code(), k.name().to_string(), k.http_status())).collect();
+    assert_eq!(ours, want);
+    assert_eq!(ErrorKind::from_code(want.len() as u16 + 1), None);
+}
+
+#[test]
+fn payload_file_names_are_the_contracts() {
+    let c = contract();
+    for f in c["payload_files"].as_array().expect("payload_files") {
+        let call_id: u64 = f["call_id"].as_str().expect("string").parse().expect("u64");
+        let kind = kind_named(f["kind"].as_str().expect("kind"));
+        let path = format!("shm/{}", staccato_wire::message::shm_file_name(call_id, kind));
+        assert_eq!(path, f["path"].as_str().expect("path"));
+    }
+}

@@ -63,6 +63,7 @@ extern "C" {
 #define STACCATO_ERR_CALL_CYCLE 11
 #define STACCATO_ERR_CALL_DEPTH_EXCEEDED 12
 #define STACCATO_ERR_FUNCTION_REMOVED 13
+#define STACCATO_ERR_OVERLOADED 14
 
 /* Longest function name accepted by staccato_call, in bytes. */
 #define STACCATO_NAME_MAX 64

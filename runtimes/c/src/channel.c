@@ -27,7 +27,7 @@ uint64_t stc_realtime_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static int fifo_path(char *buf, size_t cap, const char *dir, uint32_t id, const char *suffix)
+int stc_chan_path(char *buf, size_t cap, const char *dir, uint32_t id, const char *suffix)
 {
     int n = snprintf(buf, cap, "%s/%u.%s", dir, (unsigned)id, suffix);
     if (n < 0 || (size_t)n >= cap) {
@@ -44,7 +44,7 @@ int stc_chan_open(stc_chan *c, const char *ipc_dir, uint32_t id, long spin_us)
     c->spin_us = spin_us;
     /* Opened blocking as the protocol says (the engine holds e2w O_RDWR, so
      * this returns at once); switched to O_NONBLOCK only if receives spin. */
-    if (fifo_path(path, sizeof path, ipc_dir, id, "e2w") < 0)
+    if (stc_chan_path(path, sizeof path, ipc_dir, id, "e2w") < 0)
         return -1;
     c->rfd = open(path, O_RDONLY | O_CLOEXEC);
     if (c->rfd < 0)
@@ -56,7 +56,7 @@ int stc_chan_open(stc_chan *c, const char *ipc_dir, uint32_t id, long spin_us)
         if (fl < 0 || fcntl(c->rfd, F_SETFL, fl | O_NONBLOCK) < 0)
             goto fail;
     }
-    if (fifo_path(path, sizeof path, ipc_dir, id, "w2e") < 0)
+    if (stc_chan_path(path, sizeof path, ipc_dir, id, "w2e") < 0)
         goto fail;
     c->wfd = open(path, O_WRONLY | O_CLOEXEC);
     if (c->wfd < 0)

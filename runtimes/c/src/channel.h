@@ -15,6 +15,10 @@ typedef struct stc_chan {
     long spin_us; /* how long a receive spins on read() before it blocks in poll() */
 } stc_chan;
 
+/* Writes dir/<id>.<suffix> ("e2w" or "w2e") into buf.  Returns 0, or -1
+ * with errno ENAMETOOLONG. */
+int stc_chan_path(char *buf, size_t cap, const char *dir, uint32_t id, const char *suffix);
+
 /* Opens channel id of ipc_dir.  The engine has already opened both FIFOs, so
  * neither open blocks.  Returns 0, or -1 with errno set. */
 int stc_chan_open(stc_chan *c, const char *ipc_dir, uint32_t id, long spin_us);

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int shm_path(char *buf, size_t cap, const char *shm_dir, uint64_t call_id, char suffix)
+int stc_shm_path(char *buf, size_t cap, const char *shm_dir, uint64_t call_id, char suffix)
 {
     int n = snprintf(buf, cap, "%s/%016llx.%c", shm_dir, (unsigned long long)call_id, suffix);
     if (n < 0 || (size_t)n >= cap) {
@@ -38,7 +38,7 @@ static int write_all(int fd, const uint8_t *p, size_t len)
 int stc_shm_write(const char *shm_dir, uint64_t call_id, char suffix, const void *data, size_t len)
 {
     char path[PATH_MAX];
-    if (shm_path(path, sizeof path, shm_dir, call_id, suffix) < 0)
+    if (stc_shm_path(path, sizeof path, shm_dir, call_id, suffix) < 0)
         return -1;
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0)
@@ -82,7 +82,7 @@ int stc_shm_map(const char *shm_dir, uint64_t call_id, char suffix, size_t len, 
 {
     char path[PATH_MAX];
     *addr = NULL;
-    if (shm_path(path, sizeof path, shm_dir, call_id, suffix) < 0)
+    if (stc_shm_path(path, sizeof path, shm_dir, call_id, suffix) < 0)
         return -1;
     int rc = 0, saved = 0;
     int fd = open_checked(path, len);
@@ -134,7 +134,7 @@ int stc_shm_read_alloc(const char *shm_dir, uint64_t call_id, char suffix, size_
 {
     char path[PATH_MAX];
     *out = NULL;
-    if (shm_path(path, sizeof path, shm_dir, call_id, suffix) < 0)
+    if (stc_shm_path(path, sizeof path, shm_dir, call_id, suffix) < 0)
         return -1;
     int fd = open_checked(path, len);
     int rc = -1, saved = errno;
@@ -160,6 +160,6 @@ int stc_shm_read_alloc(const char *shm_dir, uint64_t call_id, char suffix, size_
 void stc_shm_unlink(const char *shm_dir, uint64_t call_id, char suffix)
 {
     char path[PATH_MAX];
-    if (shm_path(path, sizeof path, shm_dir, call_id, suffix) == 0)
+    if (stc_shm_path(path, sizeof path, shm_dir, call_id, suffix) == 0)
         unlink(path);
 }

@@ -8,8 +8,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wire.h"
+
 #define STC_SHM_INPUT 'i'  /* Dispatch, Invoke */
 #define STC_SHM_OUTPUT 'o' /* Completion, Failure */
+
+/* The suffix of a payload file announced by a message of this kind. */
+static inline char stc_shm_suffix(uint16_t kind)
+{
+    return kind == STC_DISPATCH || kind == STC_INVOKE ? STC_SHM_INPUT : STC_SHM_OUTPUT;
+}
+
+/* Writes shm_dir/<call_id as 16 lowercase hex>.<suffix> into buf.  Returns
+ * 0, or -1 with errno ENAMETOOLONG. */
+int stc_shm_path(char *buf, size_t cap, const char *shm_dir, uint64_t call_id, char suffix);
 
 /* Sender side: creates (or truncates) the file and writes all len bytes
  * before returning, so the message announcing it may be sent next.

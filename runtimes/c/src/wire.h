@@ -58,7 +58,7 @@ enum stc_kind {
 };
 
 /* Highest known error kind code (error kinds are 1..STC_ERROR_KIND_MAX). */
-#define STC_ERROR_KIND_MAX 13
+#define STC_ERROR_KIND_MAX 14
 
 /* Decoded header.  Reserved bytes are not represented: they are always 0. */
 typedef struct stc_header {

@@ -3,6 +3,7 @@
 against the shared vectors, then the live host tests under pytest.  Prints,
 as its last line, "N passed, N failed" summed over both."""
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -39,6 +40,29 @@ def run_wire(binary, vectors):
     return int(m[1]), int(m[2])
 
 
+def contract_tables(contract):
+    """What the compiled program cannot see: the error kind macros of the
+    public header and the limit of the codec, and the STACCATO_* variables
+    the runtime's sources read.  Yields each difference."""
+    root = HERE.parent
+    header = (root / "include" / "staccato.h").read_text()
+    ours = {int(code): name.lower() for name, code in re.findall(r"#define STACCATO_ERR_(\w+) (\d+)", header)}
+    want = {k["code"]: k["name"] for k in contract["error_kinds"]}
+    if ours != want:
+        yield f"staccato.h error kinds {ours} != the contract's {want}"
+    m = re.search(r"#define STC_ERROR_KIND_MAX (\d+)", (root / "src" / "wire.h").read_text())
+    if not m or int(m[1]) != max(want):
+        yield f"STC_ERROR_KIND_MAX is {m and m[1]}, the contract's highest code is {max(want)}"
+    allowed = set(contract["env"]["launcher"]) | set(contract["env"]["runtime"]["c"])
+    used = set()
+    for f in (root / "src").glob("*.c"):
+        used |= set(re.findall(r'"(STACCATO_[A-Z0-9_]+)"', f.read_text()))
+    if not used:
+        yield "the environment scan found nothing: it is broken"
+    for name in sorted(used - allowed):
+        yield f"the C runtime reads {name}, which testvectors/contract_v1.json does not list"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--wire", required=True)
@@ -46,10 +70,19 @@ def main():
     ap.add_argument("--host", required=True)
     ap.add_argument("--handler", required=True)
     ap.add_argument("--nosym", required=True)
+    ap.add_argument("--contract-program", required=True)
+    ap.add_argument("--contract", required=True)
     args = ap.parse_args()
 
     print("== test_wire")
     wire_passed, wire_failed = run_wire(args.wire, args.vectors)
+
+    print("== test_contract")
+    p, f = run_wire(args.contract_program, args.contract)
+    wire_passed, wire_failed = wire_passed + p, wire_failed + f
+    for problem in contract_tables(json.loads(Path(args.contract).read_text())):
+        print(f"FAIL {problem}")
+        wire_failed += 1
 
     print("== test_host.py")
     os.environ.update(STACCATO_C_HOST=str(Path(args.host).resolve()),

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *read_file(const char *path)
+static inline char *read_file(const char *path)
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL)
@@ -29,7 +29,7 @@ static char *read_file(const char *path)
     return buf;
 }
 
-static int hexval(char c)
+static inline int hexval(char c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -41,7 +41,7 @@ static int hexval(char c)
 }
 
 /* Decodes a hex string into a new buffer; returns NULL on malformed hex. */
-static uint8_t *unhex(const char *hex, size_t *len)
+static inline uint8_t *unhex(const char *hex, size_t *len)
 {
     size_t n = strlen(hex);
     if (n % 2 != 0)

@@ -72,6 +72,7 @@ enum class ErrorKind : int {
     call_cycle = STACCATO_ERR_CALL_CYCLE,
     call_depth_exceeded = STACCATO_ERR_CALL_DEPTH_EXCEEDED,
     function_removed = STACCATO_ERR_FUNCTION_REMOVED,
+    overloaded = STACCATO_ERR_OVERLOADED,
 };
 
 // The protocol's name of an error kind code ("not_found", ...), "unknown"
@@ -92,6 +93,7 @@ constexpr std::string_view error_kind_name(int code) noexcept
     case STACCATO_ERR_CALL_CYCLE: return "call_cycle";
     case STACCATO_ERR_CALL_DEPTH_EXCEEDED: return "call_depth_exceeded";
     case STACCATO_ERR_FUNCTION_REMOVED: return "function_removed";
+    case STACCATO_ERR_OVERLOADED: return "overloaded";
     default: return "unknown";
     }
 }

@@ -8,6 +8,7 @@ build directories:
   STACCATO_C_HOST        runtimes/c/build/staccato-c-host
   STACCATO_CPP_BUILD     runtimes/cpp/build (test_handler.so, vec_handler.so, void_handler.so)
 """
+import json
 import os
 import random
 import re
@@ -27,9 +28,10 @@ from test_host import (  # noqa: E402  (the path above)
 BUILD = Path(os.environ.get("STACCATO_CPP_BUILD", HERE.parent / "build"))
 HANDLER = BUILD / "test_handler.so"
 
-KIND_NAMES = ["not_found", "payload_too_large", "function_error", "worker_crashed", "timeout",
-              "engine_unavailable", "bad_request", "internal", "out_of_memory",
-              "output_too_large", "call_cycle", "call_depth_exceeded", "function_removed"]
+# The error kinds are the contract's (testvectors/contract_v1.json): every
+# code must come out of the C++ API (CallError::kind) under its name.
+CONTRACT = json.loads((HERE.parents[2] / "testvectors" / "contract_v1.json").read_text())
+KIND_NAMES = {k["code"]: k["name"] for k in CONTRACT["error_kinds"]}
 
 
 def start(tmp_path, handler=HANDLER, **kw):
@@ -177,14 +179,14 @@ def test_call_with_shm_input_and_output(worker):
     assert payload(engine, res) == b"ok:" + out
 
 
-@pytest.mark.parametrize("code", range(1, 10))
+@pytest.mark.parametrize("code", sorted(KIND_NAMES))
 def test_call_error_kind_mapping(worker, code):
     _, ch = worker
     ch.send(DISPATCH, b"!call:f:x", call_id=GW | 12)
     inv = ch.recv()
     ch.send(FAILURE, b"callee says %d" % code, call_id=inv.call_id, error_kind=code)
     res = ch.recv()
-    want = f"err:{KIND_NAMES[code - 1]}:{code}:callee says {code}".encode()
+    want = f"err:{KIND_NAMES[code]}:{code}:callee says {code}".encode()
     assert (res.kind, res.inline) == (COMPLETION, want)
 
 

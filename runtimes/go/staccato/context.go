@@ -176,7 +176,7 @@ func (c *Context) Call(name string, in []byte) ([]byte, error) {
 		err = w.send(&h, nameBytes, in)
 	} else {
 		// In shm the name stays inline and payload_len counts the input only.
-		path := shmPath(rt.shmDir, id, shmInput)
+		path := shmPath(rt.shmDir, id, wire.Invoke)
 		if err := writeShm(path, in); err != nil {
 			w.unregister(id)
 			return nil, &CallError{KindInternal, "cannot write input file: " + err.Error()}

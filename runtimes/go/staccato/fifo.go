@@ -67,29 +67,36 @@ type fifo struct {
 	start, end int
 }
 
+// fifoPaths is channel id's FIFO pair in dir (docs/protocol.md, "Channels
+// and FIFOs").
+func fifoPaths(dir string, id uint32) (e2w, w2e string) {
+	base := filepath.Join(dir, strconv.FormatUint(uint64(id), 10))
+	return base + ".e2w", base + ".w2e"
+}
+
 // openFifo opens channel id in dir. The engine holds both FIFOs open before
 // it asks for the channel (docs/protocol.md, "Channels and FIFOs"), so the
 // opens never wait; opening with O_NONBLOCK makes a broken promise fail
 // with ENXIO instead of hanging. Descriptors are close-on-exec, so a child
 // process of a handler never keeps w2e open (which would hide our death).
 func openFifo(dir string, id uint32, mode ioMode, spinUs int64) (*fifo, error) {
-	base := filepath.Join(dir, strconv.FormatUint(uint64(id), 10))
-	rfd, err := syscall.Open(base+".e2w", syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	e2w, w2e := fifoPaths(dir, id)
+	rfd, err := syscall.Open(e2w, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: base + ".e2w", Err: err}
+		return nil, &os.PathError{Op: "open", Path: e2w, Err: err}
 	}
-	wfd, err := syscall.Open(base+".w2e", syscall.O_WRONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	wfd, err := syscall.Open(w2e, syscall.O_WRONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		syscall.Close(rfd)
-		return nil, &os.PathError{Op: "open", Path: base + ".w2e", Err: err}
+		return nil, &os.PathError{Op: "open", Path: w2e, Err: err}
 	}
 	f := &fifo{mode: mode, spinNs: spinUs * 1000, rfd: rfd, wfd: wfd, buf: make([]byte, readChunk)}
 	switch mode {
 	case ioPoll:
 		// A non-blocking descriptor given to os.NewFile is registered with
 		// the netpoller.
-		f.rf = os.NewFile(uintptr(rfd), base+".e2w")
-		f.wf = os.NewFile(uintptr(wfd), base+".w2e")
+		f.rf = os.NewFile(uintptr(rfd), e2w)
+		f.wf = os.NewFile(uintptr(wfd), w2e)
 		if f.rc, err = f.rf.SyscallConn(); err != nil {
 			f.close()
 			return nil, err

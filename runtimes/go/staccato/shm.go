@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+
+	"staccato.local/go/wire"
 )
 
 // Shared-memory payload files (docs/protocol.md, "Shared-memory payload
@@ -13,12 +15,12 @@ import (
 // writes the whole file before the message that names it; the receiver
 // reads it and unlinks it.
 
-const (
-	shmInput  = 'i' // Dispatch and Invoke
-	shmOutput = 'o' // Completion and Failure
-)
-
-func shmPath(dir string, callID uint64, suffix byte) string {
+// shmPath is the payload file in dir of a kind message about callID.
+func shmPath(dir string, callID uint64, kind wire.Kind) string {
+	suffix := byte('o') // Completion and Failure
+	if kind == wire.Dispatch || kind == wire.Invoke {
+		suffix = 'i'
+	}
 	b := make([]byte, 0, len(dir)+19)
 	b = append(b, dir...)
 	b = append(b, '/')

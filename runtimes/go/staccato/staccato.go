@@ -62,6 +62,7 @@ const (
 	KindCallCycle         = "call_cycle"
 	KindCallDepthExceeded = "call_depth_exceeded"
 	KindFunctionRemoved   = "function_removed"
+	KindOverloaded        = "overloaded"
 )
 
 // CallError is the error of a failed Context.Call: Kind is the error kind

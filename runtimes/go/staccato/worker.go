@@ -183,7 +183,7 @@ func (w *worker) run(ctx *Context, inShm bool, length uint32, in []byte) {
 	}()
 	if inShm {
 		answered = true
-		path := shmPath(w.rt.shmDir, ctx.callID, shmInput)
+		path := shmPath(w.rt.shmDir, ctx.callID, wire.Dispatch)
 		if int64(length) > int64(w.rt.payloadMax) {
 			os.Remove(path)
 			w.sendFailure(ctx, wire.PayloadTooLarge,
@@ -252,7 +252,7 @@ func (w *worker) sendResult(ctx *Context, out []byte) {
 			fmt.Sprintf("%s: output of %d bytes exceeds the maximum payload of %d bytes", w.rt.function, len(out), w.rt.payloadMax))
 		return
 	}
-	path := shmPath(w.rt.shmDir, ctx.callID, shmOutput)
+	path := shmPath(w.rt.shmDir, ctx.callID, wire.Completion)
 	if err := writeShm(path, out); err != nil {
 		w.sendFailure(ctx, wire.Internal, fmt.Sprintf("cannot write %d-byte output file: %v", len(out), err))
 		return
@@ -326,7 +326,7 @@ func (w *worker) onReply(m *wire.Message) {
 	w.mu.Unlock()
 	if !ok {
 		if m.InShm() {
-			os.Remove(shmPath(w.rt.shmDir, m.CallID, shmOutput))
+			os.Remove(shmPath(w.rt.shmDir, m.CallID, m.Kind))
 		}
 		w.rt.logf("worker %d: dropping %v for unknown call %016x", w.id, m.Kind, m.CallID)
 		return
@@ -347,7 +347,7 @@ func (rt *runtimeState) replyResult(id uint64, r *reply) ([]byte, error) {
 	data := r.data
 	if r.inShm {
 		var err error
-		if data, err = readShm(shmPath(rt.shmDir, id, shmOutput), r.length); err != nil {
+		if data, err = readShm(shmPath(rt.shmDir, id, wire.Completion), r.length); err != nil {
 			return nil, &CallError{KindInternal, "cannot read reply: " + err.Error()}
 		}
 	}

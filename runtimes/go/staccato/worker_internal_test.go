@@ -35,15 +35,6 @@ func TestCallIDSequenceWraps(t *testing.T) {
 	}
 }
 
-func TestShmPath(t *testing.T) {
-	if p := shmPath("/d/shm", 0xab, 'i'); p != "/d/shm/00000000000000ab.i" {
-		t.Fatal(p)
-	}
-	if p := shmPath("/d", 1<<63|42, 'o'); p != "/d/800000000000002a.o" {
-		t.Fatal(p)
-	}
-}
-
 func TestTruncateMessage(t *testing.T) {
 	if got := truncateMessage("short"); string(got) != "short" {
 		t.Fatal(string(got))

@@ -139,7 +139,8 @@ const (
 	CallCycle         ErrorKind = 11
 	CallDepthExceeded ErrorKind = 12
 	FunctionRemoved   ErrorKind = 13
-	errorKindMax                = FunctionRemoved
+	Overloaded        ErrorKind = 14
+	errorKindMax                = Overloaded
 )
 
 var errorKindNames = [...]string{
@@ -156,6 +157,7 @@ var errorKindNames = [...]string{
 	CallCycle:         "call_cycle",
 	CallDepthExceeded: "call_depth_exceeded",
 	FunctionRemoved:   "function_removed",
+	Overloaded:        "overloaded",
 }
 
 // Valid reports whether e is a known error kind code.

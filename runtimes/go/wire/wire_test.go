@@ -88,7 +88,7 @@ func TestEncodeRejectsWhatDecodeRejects(t *testing.T) {
 		{Kind: wire.Invoke, NameLen: 4, PayloadLen: 3},
 		{Kind: wire.Dispatch, NameLen: 1, PayloadLen: 1},
 		{Kind: wire.Failure},
-		{Kind: wire.Failure, ErrorKind: 14},
+		{Kind: wire.Failure, ErrorKind: 15},
 		{Kind: wire.Completion, ErrorKind: 3},
 		{Kind: wire.WorkerHello, Flags: wire.FlagPayloadInShm},
 		{Kind: wire.StopWorker, Flags: wire.FlagPayloadInShm},

@@ -10,7 +10,7 @@ test('ErrorKind matches docs/protocol.md "Error kinds"', () => {
   assert.deepEqual({ ...ErrorKind }, {
     not_found: 1, payload_too_large: 2, function_error: 3, worker_crashed: 4, timeout: 5,
     engine_unavailable: 6, bad_request: 7, internal: 8, out_of_memory: 9, output_too_large: 10,
-    call_cycle: 11, call_depth_exceeded: 12, function_removed: 13,
+    call_cycle: 11, call_depth_exceeded: 12, function_removed: 13, overloaded: 14,
   });
   for (const [name, code] of Object.entries(ErrorKind)) assert.equal(ERROR_NAMES[code], name);
   assert.ok(Object.isFrozen(ErrorKind));

@@ -165,3 +165,42 @@ test('randomized: decode never throws anything but WireError, valid messages rou
   }
   assert.ok(valid > 100);
 });
+
+// ---- the rest of the cross-language contract (testvectors/contract_v1.json)
+
+describe('contract', () => {
+  const CONTRACT = JSON.parse(fs.readFileSync(new URL('../../../testvectors/contract_v1.json', import.meta.url)));
+
+  test('error kinds are the contract\'s', async () => {
+    const { ErrorKind, ERROR_NAMES } = await import('../errors.mjs');
+    const { ERROR_KIND_MAX } = await import('../wire.mjs');
+    const want = Object.fromEntries(CONTRACT.error_kinds.map((k) => [k.name, k.code]));
+    assert.deepEqual({ ...ErrorKind }, want);
+    for (const k of CONTRACT.error_kinds) assert.equal(ERROR_NAMES[k.code], k.name);
+    assert.equal(ERROR_KIND_MAX, Math.max(...Object.values(want)));
+  });
+
+  test('payload file names are the contract\'s', async () => {
+    const { shmFileName } = await import('../wire.mjs');
+    for (const c of CONTRACT.payload_files) {
+      assert.equal(`shm/${shmFileName(BigInt(c.call_id), KINDS[c.kind])}`, c.path);
+    }
+  });
+
+  test('channel file names are the contract\'s', async () => {
+    const { channelFileNames } = await import('../wire.mjs');
+    for (const c of CONTRACT.channel_files) assert.deepEqual(channelFileNames(c.id), [c.e2w, c.w2e]);
+  });
+
+  test('only the contract\'s environment variables are read', () => {
+    const dir = new URL('../', import.meta.url);
+    const used = new Set();
+    for (const f of fs.readdirSync(dir).filter((n) => n.endsWith('.mjs'))) {
+      const text = fs.readFileSync(new URL(f, dir), 'utf8');
+      for (const m of text.matchAll(/(?:env\.|["'`])(STACCATO_[A-Z0-9_]+)/g)) used.add(m[1]);
+    }
+    const allowed = new Set([...CONTRACT.env.launcher, ...CONTRACT.env.runtime.node]);
+    assert.ok(used.size > 0, 'the scan found nothing: it is broken');
+    assert.deepEqual([...used].filter((n) => !allowed.has(n)), []);
+  });
+});

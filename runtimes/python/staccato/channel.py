@@ -54,10 +54,10 @@ def open_fifos(ipc_dir, worker_id):
     close-on-exec, so a child process of a handler never keeps w2e open (which
     would hide our death from the engine).
     """
-    base = os.path.join(ipc_dir, str(worker_id))
-    rfd = os.open(base + ".e2w", os.O_RDONLY | os.O_NONBLOCK)
+    e2w, w2e = wire.channel_file_names(worker_id)
+    rfd = os.open(os.path.join(ipc_dir, e2w), os.O_RDONLY | os.O_NONBLOCK)
     try:
-        wfd = os.open(base + ".w2e", os.O_WRONLY | os.O_NONBLOCK)
+        wfd = os.open(os.path.join(ipc_dir, w2e), os.O_WRONLY | os.O_NONBLOCK)
     except BaseException:
         os.close(rfd)
         raise
@@ -226,10 +226,10 @@ class WorkerChannel(Channel):
             log.warning("worker %d: ignoring unexpected %s", self.worker_id,
                         wire.KIND_NAMES[kind])
 
-    def _payload(self, msg, suffix):
+    def _payload(self, msg):
         if not msg.flags & PAYLOAD_IN_SHM:
             return msg.inline
-        path = f"{self.shm_dir}/{msg.call_id:016x}.{suffix}"
+        path = f"{self.shm_dir}/{wire.shm_file_name(msg.call_id, msg.kind)}"
         return read_shm(path, msg.payload_len)
 
     # -- running the handler -------------------------------------------
@@ -237,7 +237,7 @@ class WorkerChannel(Channel):
     def _on_dispatch(self, msg):
         call_id = msg.call_id
         try:
-            data = self._payload(msg, "i")
+            data = self._payload(msg)
         except OSError as e:
             self.send_failure(call_id, msg.parent_call_id, _INTERNAL, f"cannot read input: {e}")
             return
@@ -320,7 +320,7 @@ class WorkerChannel(Channel):
                               f"output of {n} bytes exceeds the maximum of {limit}")
             return
         try:
-            write_shm(f"{self.shm_dir}/{call_id:016x}.o", result)
+            write_shm(f"{self.shm_dir}/{wire.shm_file_name(call_id, COMPLETION)}", result)
         except OSError as e:
             self.send_failure(call_id, ctx.parent_call_id, _INTERNAL, f"cannot write output: {e}")
             return
@@ -355,7 +355,7 @@ class WorkerChannel(Channel):
             if n > limit:
                 raise CallError("payload_too_large", f"input of {n} bytes exceeds the maximum of {limit}")
             try:
-                write_shm(f"{self.shm_dir}/{call_id:016x}.i", data)
+                write_shm(f"{self.shm_dir}/{wire.shm_file_name(call_id, INVOKE)}", data)
             except OSError as e:
                 raise CallError("internal", f"cannot write input: {e}") from e
             # In shm the name stays inline and payload_len counts input only.
@@ -375,7 +375,7 @@ class WorkerChannel(Channel):
         fut = self._pending.pop(msg.call_id, None)
         try:
             # Read (and unlink) even when nobody waits: the file is ours now.
-            payload = self._payload(msg, "o")
+            payload = self._payload(msg)
         except OSError as e:
             if fut is not None and not fut.done():
                 fut.set_exception(CallError("internal", f"cannot read reply: {e}"))

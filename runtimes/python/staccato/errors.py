@@ -19,6 +19,7 @@ class ErrorKind(enum.IntEnum):
     call_cycle = 11
     call_depth_exceeded = 12
     function_removed = 13
+    overloaded = 14
 
 
 # Plain dicts for the hot path (enum lookups are comparatively slow).

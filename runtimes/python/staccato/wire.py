@@ -42,7 +42,20 @@ KINDS = {name: code for code, name in KIND_NAMES.items()}
 PAYLOAD_IN_SHM = 1
 
 # Highest known error kind code (codes are 1..ERROR_KIND_MAX, see errors.py).
-ERROR_KIND_MAX = 13
+ERROR_KIND_MAX = 14
+
+# Payload file suffixes (docs/protocol.md §1 "Shared-memory payload files").
+SHM_SUFFIX = {DISPATCH: "i", INVOKE: "i", COMPLETION: "o", FAILURE: "o"}
+
+
+def shm_file_name(call_id, kind):
+    """The payload file of a ``kind`` message about ``call_id``, in ``shm/``."""
+    return f"{call_id:016x}.{SHM_SUFFIX[kind]}"
+
+
+def channel_file_names(worker_id):
+    """Channel ``worker_id``'s FIFOs in the function's IPC directory: (e2w, w2e)."""
+    return f"{worker_id}.e2w", f"{worker_id}.w2e"
 
 _RESERVED = bytes(12)
 _ZEROS = bytes(INLINE_MAX)

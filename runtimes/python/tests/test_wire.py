@@ -113,3 +113,37 @@ def test_wire_error_is_a_value_error():
     assert issubclass(WireError, ValueError)
     with pytest.raises(ValueError):
         decode(b"")
+
+
+# ---- the rest of the cross-language contract (testvectors/contract_v1.json)
+
+CONTRACT = json.loads((REPO / "testvectors" / "contract_v1.json").read_text())
+
+
+def test_error_kinds_are_the_contracts():
+    from staccato.errors import ERROR_NAMES
+    want = {k["code"]: k["name"] for k in CONTRACT["error_kinds"]}
+    assert ERROR_NAMES == want
+    assert wire.ERROR_KIND_MAX == max(want)
+
+
+@pytest.mark.parametrize("case", CONTRACT["payload_files"], ids=lambda c: c["path"])
+def test_payload_file_names_are_the_contracts(case):
+    name = wire.shm_file_name(int(case["call_id"]), wire.KINDS[case["kind"]])
+    assert "shm/" + name == case["path"]
+
+
+@pytest.mark.parametrize("case", CONTRACT["channel_files"], ids=lambda c: str(c["id"]))
+def test_channel_file_names_are_the_contracts(case):
+    assert wire.channel_file_names(case["id"]) == (case["e2w"], case["w2e"])
+
+
+def test_only_the_contracts_environment_variables_are_read():
+    import re
+    src = REPO / "runtimes" / "python" / "staccato"
+    used = set()
+    for f in src.rglob("*.py"):
+        used |= set(re.findall(r"""["'](STACCATO_[A-Z0-9_]+)["']""", f.read_text()))
+    allowed = set(CONTRACT["env"]["launcher"]) | set(CONTRACT["env"]["runtime"]["python"])
+    assert used, "the scan found nothing: it is broken"
+    assert used <= allowed, f"not in testvectors/contract_v1.json: {sorted(used - allowed)}"
