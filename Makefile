@@ -42,9 +42,11 @@ bench: setup
 
 ## Formatting and clippy with -D warnings (which enforces a SAFETY comment on
 ## every unsafe block in crates/sys).
+MSRV := $(shell sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
 lint:
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo +$(MSRV) check --workspace --all-targets --quiet
 
 fmt:
 	cargo fmt --all

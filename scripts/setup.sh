@@ -41,6 +41,12 @@ for c in rustfmt clippy; do
   cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1 || { echo "==> rustup component add $c"; rustup component add "$c" >/dev/null; }
 done
 
+# `make lint` also checks the workspace with the oldest Rust it declares.
+msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+if ! rustup run "$msrv" rustc --version >/dev/null 2>&1; then
+  echo "==> rustup toolchain install $msrv (rust-version)"; rustup toolchain install "$msrv" --profile minimal >/dev/null
+fi
+
 # The fuzzers (fuzz/, `make fuzz` and a short run in `make test`) build
 # with nightly Rust and cargo-fuzz.
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

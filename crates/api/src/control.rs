@@ -188,7 +188,7 @@ pub fn write_request<W: Write>(w: &mut W, req: &Request, attachment: &[u8]) -> i
     let json = serde_json::to_vec(req).map_err(io::Error::other)?;
     let mut h = FrameHeader::new(FrameKind::Control, 0, json.len() + attachment.len());
     if !attachment.is_empty() {
-        h.a = json.len() as u32;
+        h.set_control_json_len(json.len() as u32);
     }
     let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + json.len() + attachment.len());
     frame.extend_from_slice(&h.encode());
@@ -220,7 +220,7 @@ pub fn parse_request(h: &FrameHeader, mut body: Vec<u8>) -> Result<(Request, Vec
     if h.kind != FrameKind::Control {
         return Err(bad(format!("expected a control frame, not {:?}", h.kind)));
     }
-    let json_len = if h.a == 0 { body.len() } else { h.a as usize };
+    let json_len = if h.control_json_len() == 0 { body.len() } else { h.control_json_len() as usize };
     if json_len > body.len() {
         return Err(bad(format!("control frame: JSON length {json_len} beyond the body ({} bytes)", body.len())));
     }
@@ -322,7 +322,9 @@ mod tests {
 
     fn frame(kind: FrameKind, a: u32, body: &[u8]) -> (FrameHeader, Vec<u8>) {
         let mut h = FrameHeader::new(kind, 0, body.len());
-        h.a = a;
+        if kind == FrameKind::Control {
+            h.set_control_json_len(a);
+        }
         (h, body.to_vec())
     }
 

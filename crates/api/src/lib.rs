@@ -18,3 +18,4 @@ pub mod control;
 pub mod link;
 pub mod manifest;
 pub mod spec;
+pub mod units;

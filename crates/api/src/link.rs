@@ -38,7 +38,7 @@ pub fn read_frame<R: Read>(r: &mut R, body_max: usize) -> Result<(FrameHeader, V
 pub fn client<S: Read + Write>(s: &mut S, secret: &Secret, role: Role, thread: u32) -> Result<(), LinkError> {
     let nonce_c = auth::nonce()?;
     let mut h = FrameHeader::new(FrameKind::Hello, 0, auth::HELLO_LEN);
-    h.c = thread;
+    h.set_hello_thread(thread);
     let mut out = h.encode().to_vec();
     out.extend_from_slice(&auth::hello(role, &nonce_c));
     s.write_all(&out)?;
@@ -89,7 +89,7 @@ pub fn engine<S: Read + Write>(s: &mut S, secret: &Secret) -> Result<Accepted, L
     }
     auth::verify(secret, &hello, &nonce_e, &body).map_err(|e| refuse(s, e.into()))?;
     s.write_all(&frame(FrameKind::Welcome, &[]))?;
-    Ok(Accepted { role: hello.role, thread: h.c })
+    Ok(Accepted { role: hello.role, thread: h.hello_thread() })
 }
 
 #[cfg(test)]

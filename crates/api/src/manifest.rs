@@ -137,38 +137,26 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
     Ok(out)
 }
 
+/// A timeout: a YAML number of milliseconds or a duration string
+/// ([`crate::units::parse_duration`], a bare number being milliseconds).
 fn parse_duration_ms(v: &serde_yaml::Value) -> Result<u64, String> {
     if let Some(n) = v.as_u64() {
         return Ok(n);
     }
-    let s = v.as_str().ok_or_else(|| format!("timeout must be a duration like 5s, got {v:?}"))?.trim();
-    let (num, mult) = if let Some(x) = s.strip_suffix("ms") {
-        (x, 1.0)
-    } else if let Some(x) = s.strip_suffix('s') {
-        (x, 1e3)
-    } else if let Some(x) = s.strip_suffix('m') {
-        (x, 60e3)
-    } else {
-        (s, 1.0)
-    };
-    let n: f64 = num.trim().parse().map_err(|_| format!("timeout {s:?} is not a duration like 250ms, 5s or 2m"))?;
-    if n.is_nan() || n <= 0.0 {
-        return Err(format!("timeout {s:?} must be positive"));
-    }
-    Ok((n * mult).round() as u64)
+    let s = v.as_str().ok_or_else(|| format!("timeout must be a duration like 5s, got {v:?}"))?;
+    let d =
+        crate::units::parse_duration(s, std::time::Duration::from_millis(1)).map_err(|e| format!("timeout: {e}"))?;
+    Ok((d.as_secs_f64() * 1e3).round() as u64)
 }
 
-/// `128Mi`, `1Gi`, `512Ki` (powers of 1024; `M`/`G`/`K` are read the same
-/// way, as in Kubernetes users' habits) or a number of bytes.
+/// A memory limit: a YAML number of bytes or a size string
+/// ([`crate::units::parse_size`]: `128Mi`, `1Gi`, `512M`).
 fn parse_size(v: &serde_yaml::Value) -> Result<u64, String> {
     if let Some(n) = v.as_u64() {
         return Ok(n);
     }
-    let s = v.as_str().ok_or_else(|| format!("memory must be a size like 128Mi, got {v:?}"))?.trim();
-    let units = [("Ki", 10), ("Mi", 20), ("Gi", 30), ("K", 10), ("M", 20), ("G", 30)];
-    let (num, shift) = units.iter().find_map(|(u, sh)| s.strip_suffix(u).map(|n| (n, *sh))).unwrap_or((s, 0));
-    let n: u64 = num.trim().parse().map_err(|_| format!("memory {s:?} is not a size like 128Mi or 1Gi"))?;
-    n.checked_shl(shift).filter(|b| b >> shift == n).ok_or_else(|| format!("memory {s:?} is too large"))
+    let s = v.as_str().ok_or_else(|| format!("memory must be a size like 128Mi, got {v:?}"))?;
+    crate::units::parse_size(s).map_err(|e| format!("memory: {e}"))
 }
 
 /// The 1-based line where `needle` first starts a (trimmed) line; 0 if none.

@@ -577,8 +577,8 @@ impl IoThread {
             return reject(self, ErrorKind::PayloadTooLarge, msg);
         }
         let mut timeout_ms = func.spec.timeout_ms;
-        if fh.a > 0 {
-            timeout_ms = timeout_ms.min(u64::from(fh.a));
+        if fh.call_timeout_ms() > 0 {
+            timeout_ms = timeout_ms.min(u64::from(fh.call_timeout_ms()));
         }
         let deadline_us = sys::clock::unix_us() + timeout_ms * 1000;
         let origin = Origin::Gateway { thread: self.idx, conn };

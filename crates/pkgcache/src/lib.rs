@@ -71,14 +71,14 @@
 
 #![forbid(unsafe_code)]
 
+mod key;
 mod node;
 mod python;
-mod sha256;
 mod size;
 mod store;
 mod tool;
 
-pub use size::{format_size, parse_size};
+pub use size::format_size;
 
 /// Where pip and npm run. They execute code the deployer controls (build
 /// backends, install scripts), so an engine with containers runs them in

@@ -8,7 +8,7 @@
 //! development-only packages, the project `.npmrc` (registries), and the
 //! Node version, platform and native-module ABI.
 
-use crate::sha256::KeyHasher;
+use crate::key::KeyHasher;
 use crate::store::{unix_now_s, EntryMeta};
 use crate::tool::{self, indent, ToolError};
 use crate::Kind;

@@ -6,7 +6,7 @@
 //! interpreter's bytecode tag and ABI (pip compiles `.pyc` at install time,
 //! and binary wheels are per ABI), the platform, and the archive's hash.
 
-use crate::sha256::KeyHasher;
+use crate::key::KeyHasher;
 use crate::store::{path_safe, unix_now_s, EntryMeta};
 use crate::tool::{self, indent, ToolError};
 use crate::{Kind, Runner};

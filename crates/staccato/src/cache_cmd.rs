@@ -3,8 +3,9 @@
 //! It works on the directory directly, so it needs no running engine.
 
 use anyhow::{Context, Result};
+use api::units::parse_size;
 use clap::{Args, Subcommand};
-use pkgcache::{format_size, parse_size, Cache, DEFAULT_BUDGET_BYTES, DEFAULT_GRACE};
+use pkgcache::{format_size, Cache, DEFAULT_BUDGET_BYTES, DEFAULT_GRACE};
 use std::path::PathBuf;
 use std::time::SystemTime;
 

@@ -98,14 +98,16 @@ pub struct EngineArgs {
     /// Never pause idle containers.
     #[arg(long)]
     pub no_pause: bool,
-    /// Bounds on the pause delay computed from Nuka's rule, in ms.
-    #[arg(long, default_value_t = 100)]
-    pub pause_min_ms: u64,
-    #[arg(long, default_value_t = 10_000)]
-    pub pause_max_ms: u64,
-    /// Seconds a paused container is kept before it is destroyed.
-    #[arg(long, default_value_t = 300)]
-    pub keep_alive_s: u64,
+    /// Bounds on the pause delay computed from Nuka's rule: milliseconds,
+    /// or a duration like 250ms or 2s.
+    #[arg(long, default_value = "100", value_parser = ms_flag)]
+    pub pause_min_ms: Duration,
+    #[arg(long, default_value = "10000", value_parser = ms_flag)]
+    pub pause_max_ms: Duration,
+    /// How long a paused container is kept before it is destroyed: seconds,
+    /// or a duration like 10m.
+    #[arg(long, default_value = "300", value_parser = secs_flag)]
+    pub keep_alive_s: Duration,
     /// runc binary.
     #[arg(long, default_value = "runc")]
     pub runc: String,
@@ -117,9 +119,10 @@ pub struct EngineArgs {
     /// sandbox, e.g. 2Gi; its /tmp and output count against it.
     #[arg(long, default_value = "2Gi")]
     pub build_memory: String,
-    /// Seconds a build step may run before it is killed.
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub build_timeout_s: u64,
+    /// How long a build step may run before it is killed: seconds, or a
+    /// duration like 10m (at most 24h).
+    #[arg(long, default_value = "600", value_parser = secs_flag)]
+    pub build_timeout_s: Duration,
     /// A host a build may reach besides the package indexes (pypi.org,
     /// files.pythonhosted.org, registry.npmjs.org, proxy.golang.org,
     /// sum.golang.org and those PIP_INDEX_URL, GOPROXY etc. name); repeat
@@ -165,11 +168,11 @@ pub struct GatewayArgs {
     /// more connections are kept for management requests.
     #[arg(long, default_value_t = 10_000)]
     pub max_connections: usize,
-    /// Seconds a connection may go without sending a complete request head
+    /// How long a connection may go without sending a complete request head
     /// (idle between requests, or sending its headers slowly) before it is
-    /// closed.
-    #[arg(long, default_value_t = 30.0)]
-    pub idle_timeout_s: f64,
+    /// closed: seconds, or a duration like 500ms (at most 1h).
+    #[arg(long, default_value = "30", value_parser = secs_flag)]
+    pub idle_timeout_s: Duration,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -332,7 +335,7 @@ fn start_engine(
     cfg.cache_dir = state.join("cache");
     cfg.secret = secret;
     cfg.max_call_depth = e.max_call_depth;
-    let size = |flag: &str, v: &str| pkgcache::parse_size(v).map_err(|err| anyhow::anyhow!("{flag} {v:?}: {err}"));
+    let size = |flag: &str, v: &str| api::units::parse_size(v).map_err(|err| anyhow::anyhow!("{flag} {v:?}: {err}"));
     cfg.log_caps = sandbox::logs::Caps {
         file_bytes: size("--log-max-size", &e.log_max_size)?,
         rate_bytes: size("--log-rate", &e.log_rate)?,
@@ -341,9 +344,9 @@ fn start_engine(
     cfg.containers = container_config(e, state, &cfg.runtimes_dir)?;
     if let Some(cc) = &mut cfg.containers {
         cc.pause = !e.no_pause;
-        cc.pause_min = Duration::from_millis(e.pause_min_ms);
-        cc.pause_max = Duration::from_millis(e.pause_max_ms.max(e.pause_min_ms));
-        cc.keep_alive = Duration::from_secs(e.keep_alive_s);
+        cc.pause_min = e.pause_min_ms;
+        cc.pause_max = e.pause_max_ms.max(e.pause_min_ms);
+        cc.keep_alive = e.keep_alive_s;
     }
     match &cfg.containers {
         Some(cc) => log::info!(
@@ -380,7 +383,7 @@ fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Opt
         }
     };
     if let Some(cc) = &mut cc {
-        let memory = pkgcache::parse_size(&e.build_memory)
+        let memory = api::units::parse_size(&e.build_memory)
             .map_err(|err| anyhow::anyhow!("--build-memory {:?}: {err}", e.build_memory))?;
         if memory < (64 << 20) {
             bail!("--build-memory {}: at least 64Mi", e.build_memory);
@@ -390,7 +393,10 @@ fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Opt
         build.memory_bytes = memory;
         build.tmp_bytes = memory;
         build.output_bytes = memory;
-        build.timeout = Duration::from_secs(e.build_timeout_s);
+        if e.build_timeout_s.is_zero() || e.build_timeout_s > Duration::from_secs(86_400) {
+            bail!("--build-timeout-s {:?}: between 1s and 24h", e.build_timeout_s);
+        }
+        build.timeout = e.build_timeout_s;
         cc.build = build;
         cc.sandbox.host_ports = match e.host_ports.trim() {
             "all" => None,
@@ -431,12 +437,12 @@ fn start_gateway(
             g.max_connections
         );
     }
-    if !(g.idle_timeout_s > 0.0 && g.idle_timeout_s <= 3600.0) {
-        bail!("--idle-timeout-s must be between 0 and 3600 seconds, got {}", g.idle_timeout_s);
+    if g.idle_timeout_s.is_zero() || g.idle_timeout_s > Duration::from_secs(3600) {
+        bail!("--idle-timeout-s must be between 0 and 3600 seconds, got {:?}", g.idle_timeout_s);
     }
     let cfg = gateway::GatewayConfig {
         connections_max: g.max_connections.clamp(1, fd_room),
-        idle_timeout: Duration::from_secs_f64(g.idle_timeout_s),
+        idle_timeout: g.idle_timeout_s,
         listen: g.listen,
         engine,
         threads: g.gateway_threads.unwrap_or_else(|| sys::cpu::cpus_allowed().len().clamp(1, 8)),
@@ -621,5 +627,39 @@ pub fn init_logging() {
     };
     if log::set_boxed_logger(Box::new(StderrLogger { level })).is_ok() {
         log::set_max_level(level);
+    }
+}
+
+/// A duration flag whose bare numbers are milliseconds (`0` is allowed).
+fn ms_flag(v: &str) -> Result<Duration, String> {
+    duration_flag(v, Duration::from_millis(1))
+}
+
+/// A duration flag whose bare numbers are seconds (`0` is allowed).
+fn secs_flag(v: &str) -> Result<Duration, String> {
+    duration_flag(v, Duration::from_secs(1))
+}
+
+fn duration_flag(v: &str, bare: Duration) -> Result<Duration, String> {
+    if v.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    api::units::parse_duration(v, bare).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duration_flags_take_their_unit_or_a_suffix() {
+        assert_eq!(ms_flag("250"), Ok(Duration::from_millis(250)));
+        assert_eq!(ms_flag("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(secs_flag("300"), Ok(Duration::from_secs(300)));
+        assert_eq!(secs_flag("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(secs_flag("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(secs_flag("0"), Ok(Duration::ZERO));
+        assert!(secs_flag("soon").unwrap_err().contains("\"soon\""));
+        assert!(ms_flag("-5").is_err());
     }
 }

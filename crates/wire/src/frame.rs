@@ -42,17 +42,18 @@ impl FrameKind {
     }
 }
 
-/// Decoded frame header. `a`, `b`, `c` mean different things per kind; the
-/// accessors below name them.
+/// Decoded frame header. The three words `a`, `b`, `c` mean different
+/// things per kind (docs/protocol.md §2); outside this module they are read
+/// and written only through the accessors named for what they hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
     pub body_len: u32,
     pub kind: FrameKind,
     pub error_kind: u16,
     pub call_id: u64,
-    pub a: u32,
-    pub b: u32,
-    pub c: u32,
+    a: u32,
+    b: u32,
+    c: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +78,41 @@ impl std::error::Error for FrameError {}
 impl FrameHeader {
     pub fn new(kind: FrameKind, call_id: u64, body_len: usize) -> FrameHeader {
         FrameHeader { body_len: body_len as u32, kind, error_kind: 0, call_id, a: 0, b: 0, c: 0 }
+    }
+
+    /// `Call`: the caller's timeout in ms (0: the function's own).
+    pub fn call_timeout_ms(&self) -> u32 {
+        debug_assert_eq!(self.kind, FrameKind::Call);
+        self.a
+    }
+
+    /// `Call`: how many body bytes are the function's name.
+    pub fn call_name_len(&self) -> u32 {
+        debug_assert_eq!(self.kind, FrameKind::Call);
+        self.b
+    }
+
+    /// `Control`: how many body bytes are JSON; 0 means all of them, and
+    /// the rest is an attachment.
+    pub fn control_json_len(&self) -> u32 {
+        debug_assert_eq!(self.kind, FrameKind::Control);
+        self.a
+    }
+
+    pub fn set_control_json_len(&mut self, len: u32) {
+        debug_assert_eq!(self.kind, FrameKind::Control);
+        self.a = len;
+    }
+
+    /// `Hello`: the I/O thread the gateway thread would like to be served by.
+    pub fn hello_thread(&self) -> u32 {
+        debug_assert_eq!(self.kind, FrameKind::Hello);
+        self.c
+    }
+
+    pub fn set_hello_thread(&mut self, thread: u32) {
+        debug_assert_eq!(self.kind, FrameKind::Hello);
+        self.c = thread;
     }
 
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
@@ -128,7 +164,7 @@ pub fn next_frame(buf: &[u8]) -> Result<Option<(FrameHeader, usize)>, FrameError
 /// A `Call` frame's body split into the function's name (`b` bytes, at
 /// most the whole body) and the input.
 pub fn call_parts<'a>(h: &FrameHeader, body: &'a [u8]) -> (&'a [u8], &'a [u8]) {
-    body.split_at((h.b as usize).min(body.len()))
+    body.split_at((h.call_name_len() as usize).min(body.len()))
 }
 
 /// Timing the engine reports with each result, in microseconds.
@@ -140,6 +176,7 @@ pub struct Timing {
 }
 
 impl Timing {
+    /// Fills a `Result` or `Error` header's words.
     pub fn to_header(self, h: &mut FrameHeader) {
         h.a = self.queue_us;
         h.b = self.exec_us;
