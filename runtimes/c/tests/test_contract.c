@@ -27,16 +27,6 @@ static void check(int ok, const char *what, const char *got, const char *want)
     printf("FAIL %s: got %s, want %s\n", what, got, want);
 }
 
-static int kind_code(const char *name)
-{
-    static const char *const names[] = {NULL,       "LauncherHello", "WorkerHello", "CreateWorker", "StopWorker",
-                                        "Dispatch", "Completion",    "Failure",     "Invoke"};
-    for (int i = 1; i < (int)(sizeof names / sizeof names[0]); i++)
-        if (strcmp(names[i], name) == 0)
-            return i;
-    return -1;
-}
-
 int main(int argc, char **argv)
 {
     if (argc != 2) {

@@ -27,16 +27,6 @@ static void record(int tc_id, const char *comment, const char *reason)
 }
 
 
-static int kind_code(const char *name)
-{
-    static const char *const names[] = {NULL,       "LauncherHello", "WorkerHello", "CreateWorker", "StopWorker",
-                                        "Dispatch", "Completion",    "Failure",     "Invoke"};
-    for (int i = 1; i < (int)(sizeof names / sizeof names[0]); i++)
-        if (strcmp(names[i], name) == 0)
-            return i;
-    return -1;
-}
-
 /* Field readers: small ints are JSON numbers, u64 are decimal strings. */
 static int get_uint(const cJSON *fields, const char *name, uint64_t max, uint64_t *out)
 {

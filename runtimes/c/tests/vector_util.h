@@ -61,4 +61,15 @@ static inline uint8_t *unhex(const char *hex, size_t *len)
     return out;
 }
 
+/* The code of a message kind named as in the vectors ("Dispatch"), or -1. */
+static inline int kind_code(const char *name)
+{
+    static const char *const names[] = {NULL,       "LauncherHello", "WorkerHello", "CreateWorker", "StopWorker",
+                                        "Dispatch", "Completion",    "Failure",     "Invoke"};
+    for (int i = 1; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (strcmp(names[i], name) == 0)
+            return i;
+    return -1;
+}
+
 #endif
