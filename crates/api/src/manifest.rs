@@ -21,25 +21,18 @@
 //!
 //! Every error names the line it is about.
 
-use crate::spec::{self, FunctionSpec, Runtime};
+use crate::spec::{self, FunctionSpec, Runtime, SpecError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-#[derive(Debug, PartialEq, Eq)]
+/// What is wrong with a manifest, and the 1-based line it is about (0
+/// when no line can be named).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}{message}", if *line > 0 { format!("line {line}: ") } else { String::new() })]
 pub struct ManifestError {
     pub line: usize,
     pub message: String,
-}
-
-impl std::fmt::Display for ManifestError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.line > 0 {
-            write!(f, "line {}: {}", self.line, self.message)
-        } else {
-            write!(f, "{}", self.message)
-        }
-    }
 }
 
 #[derive(Deserialize)]
@@ -63,13 +56,13 @@ struct Entry {
     #[serde(default = "spec::default_max_workers")]
     max_workers: u32,
     #[serde(default)]
-    timeout: Option<serde_yaml::Value>,
+    timeout: Option<yaml_serde::Value>,
     #[serde(default = "spec::default_max_queue")]
     max_queue: u32,
     #[serde(default)]
     env: BTreeMap<String, String>,
     #[serde(default)]
-    memory: Option<serde_yaml::Value>,
+    memory: Option<yaml_serde::Value>,
     #[serde(default = "spec::default_pids")]
     pids: u32,
     #[serde(default)]
@@ -89,7 +82,7 @@ pub struct ManifestFunction {
 
 /// Parses a manifest; relative `source` paths are resolved against `base`.
 pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestError> {
-    let m: Manifest = serde_yaml::from_str(text).map_err(|e| ManifestError {
+    let m: Manifest = yaml_serde::from_str(text).map_err(|e| ManifestError {
         line: e.location().map_or(0, |l| l.line()),
         message: e.to_string().split(" at line ").next().unwrap_or_default().to_string(),
     })?;
@@ -104,7 +97,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
     let mut out = Vec::new();
     for (name, e) in m.functions {
         let line = line_of(text, &format!("{name}:"));
-        let err = |message: String| ManifestError { line, message: format!("function {name}: {message}") };
+        let err = |e: SpecError| ManifestError { line, message: format!("function {name}: {e}") };
         let timeout_ms = match &e.timeout {
             None => spec::default_timeout_ms(),
             Some(v) => parse_duration_ms(v).map_err(err)?,
@@ -115,7 +108,8 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
         };
         let source = e.source.as_deref().unwrap_or(".");
         let dir = base.join(source);
-        let source_dir = dir.canonicalize().map_err(|x| err(format!("source {}: {x}", dir.display())))?;
+        let source_dir =
+            dir.canonicalize().map_err(|x| err(SpecError::new("source", format!("source {}: {x}", dir.display()))))?;
         let s = FunctionSpec {
             name: name.clone(),
             runtime: e.runtime,
@@ -139,24 +133,26 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
 
 /// A timeout: a YAML number of milliseconds or a duration string
 /// ([`crate::units::parse_duration`], a bare number being milliseconds).
-fn parse_duration_ms(v: &serde_yaml::Value) -> Result<u64, String> {
+fn parse_duration_ms(v: &yaml_serde::Value) -> Result<u64, SpecError> {
     if let Some(n) = v.as_u64() {
         return Ok(n);
     }
-    let s = v.as_str().ok_or_else(|| format!("timeout must be a duration like 5s, got {v:?}"))?;
-    let d =
-        crate::units::parse_duration(s, std::time::Duration::from_millis(1)).map_err(|e| format!("timeout: {e}"))?;
+    let err = |message| SpecError::new("timeout", message);
+    let s = v.as_str().ok_or_else(|| err(format!("timeout must be a duration like 5s, got {v:?}")))?;
+    let d = crate::units::parse_duration(s, std::time::Duration::from_millis(1))
+        .map_err(|e| err(format!("timeout: {e}")))?;
     Ok((d.as_secs_f64() * 1e3).round() as u64)
 }
 
 /// A memory limit: a YAML number of bytes or a size string
 /// ([`crate::units::parse_size`]: `128Mi`, `1Gi`, `512M`).
-fn parse_size(v: &serde_yaml::Value) -> Result<u64, String> {
+fn parse_size(v: &yaml_serde::Value) -> Result<u64, SpecError> {
     if let Some(n) = v.as_u64() {
         return Ok(n);
     }
-    let s = v.as_str().ok_or_else(|| format!("memory must be a size like 128Mi, got {v:?}"))?;
-    crate::units::parse_size(s).map_err(|e| format!("memory: {e}"))
+    let err = |message| SpecError::new("memory", message);
+    let s = v.as_str().ok_or_else(|| err(format!("memory must be a size like 128Mi, got {v:?}")))?;
+    crate::units::parse_size(s).map_err(|e| err(format!("memory: {e}")))
 }
 
 /// The 1-based line where `needle` first starts a (trimmed) line; 0 if none.

@@ -150,12 +150,15 @@ impl FunctionSpec {
 
     /// Checks everything that does not need the file system. Returns the
     /// first problem, phrased for the person who wrote the manifest.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SpecError> {
         self.validate_settings()?;
         if !crate::archive::valid_digest(&self.source) {
-            return Err(format!(
-                "source must be the sha256 digest of an uploaded source archive (sha256:<64 hex digits>), got {:?}",
-                self.source
+            return Err(SpecError::new(
+                "source",
+                format!(
+                    "source must be the sha256 digest of an uploaded source archive (sha256:<64 hex digits>), got {:?}",
+                    self.source
+                ),
             ));
         }
         Ok(())
@@ -163,27 +166,39 @@ impl FunctionSpec {
 
     /// `validate` without the source, which a manifest names by path and
     /// the CLI replaces with the digest of what it uploads.
-    pub fn validate_settings(&self) -> Result<(), String> {
+    pub fn validate_settings(&self) -> Result<(), SpecError> {
         if !wire::valid_function_name(&self.name) {
-            return Err(format!(
-                "invalid function name {:?}: use 1-64 characters of a-z, 0-9, '-' and '_', starting with a letter",
-                self.name
+            return Err(SpecError::new(
+                "name",
+                format!(
+                    "invalid function name {:?}: use 1-64 characters of a-z, 0-9, '-' and '_', starting with a letter",
+                    self.name
+                ),
             ));
         }
         if self.max_workers == 0 || self.max_workers > WORKERS_MAX {
-            return Err(format!("max_workers must be between 1 and {WORKERS_MAX}, got {}", self.max_workers));
+            return Err(SpecError::new(
+                "max_workers",
+                format!("max_workers must be between 1 and {WORKERS_MAX}, got {}", self.max_workers),
+            ));
         }
         if self.min_workers > self.max_workers {
-            return Err(format!(
-                "min_workers ({}) is greater than max_workers ({})",
-                self.min_workers, self.max_workers
+            return Err(SpecError::new(
+                "min_workers",
+                format!("min_workers ({}) is greater than max_workers ({})", self.min_workers, self.max_workers),
             ));
         }
         if self.max_queue == 0 || self.max_queue > QUEUE_MAX {
-            return Err(format!("max_queue must be between 1 and {QUEUE_MAX}, got {}", self.max_queue));
+            return Err(SpecError::new(
+                "max_queue",
+                format!("max_queue must be between 1 and {QUEUE_MAX}, got {}", self.max_queue),
+            ));
         }
         if self.timeout_ms == 0 || self.timeout_ms > 15 * 60 * 1000 {
-            return Err(format!("timeout must be between 1ms and 15m, got {}ms", self.timeout_ms));
+            return Err(SpecError::new(
+                "timeout",
+                format!("timeout must be between 1ms and 15m, got {}ms", self.timeout_ms),
+            ));
         }
         let handler = self.handler_or_default();
         match self.runtime {
@@ -192,79 +207,124 @@ impl FunctionSpec {
                     !m.is_empty() && !f.is_empty() && m.split('.').all(is_identifier) && is_identifier(f)
                 });
                 if !ok {
-                    return Err(format!("python handler must look like module:function, got {handler:?}"));
+                    return Err(SpecError::new(
+                        "handler",
+                        format!("python handler must look like module:function, got {handler:?}"),
+                    ));
                 }
             }
             Runtime::C | Runtime::Cpp => {
                 let ext = if self.runtime == Runtime::C { ".c" } else { ".cpp" };
                 if !is_relative_file(&handler) || !handler.ends_with(ext) {
-                    return Err(format!(
-                        "{} handler must be a {ext} file inside the source directory, got {handler:?}",
-                        self.runtime.name()
+                    return Err(SpecError::new(
+                        "handler",
+                        format!(
+                            "{} handler must be a {ext} file inside the source directory, got {handler:?}",
+                            self.runtime.name()
+                        ),
                     ));
                 }
             }
             Runtime::Node => {
                 let ok = handler.split_once(':').is_some_and(|(f, e)| is_relative_file(f) && is_identifier(e));
                 if !ok {
-                    return Err(format!("node handler must look like file.mjs:exportName, got {handler:?}"));
+                    return Err(SpecError::new(
+                        "handler",
+                        format!("node handler must look like file.mjs:exportName, got {handler:?}"),
+                    ));
                 }
             }
             Runtime::Go => {
                 if !is_identifier(&handler) || !handler.starts_with(|c: char| c.is_ascii_uppercase()) {
-                    return Err(format!("go handler must be an exported function name like Handle, got {handler:?}"));
+                    return Err(SpecError::new(
+                        "handler",
+                        format!("go handler must be an exported function name like Handle, got {handler:?}"),
+                    ));
                 }
             }
         }
         if handler.len() > HANDLER_LEN_MAX {
-            return Err(format!("handler is longer than {HANDLER_LEN_MAX} characters"));
+            return Err(SpecError::new("handler", format!("handler is longer than {HANDLER_LEN_MAX} characters")));
         }
         let mut env_bytes = 0;
         for (k, v) in &self.env {
             if k.is_empty() || k.contains(['=', '\0']) || k.starts_with("STACCATO_") {
-                return Err(format!("invalid env variable name {k:?} (STACCATO_* is reserved)"));
+                return Err(SpecError::new("env", format!("invalid env variable name {k:?} (STACCATO_* is reserved)")));
             }
             if v.contains('\0') {
-                return Err(format!("env variable {k} contains a NUL character"));
+                return Err(SpecError::new("env", format!("env variable {k} contains a NUL character")));
             }
             env_bytes += k.len() + v.len() + 2;
         }
         if env_bytes > ENV_BYTES_MAX {
-            return Err(format!("the environment (env:) is {env_bytes} bytes; at most {ENV_BYTES_MAX} are allowed"));
+            return Err(SpecError::new(
+                "env",
+                format!("the environment (env:) is {env_bytes} bytes; at most {ENV_BYTES_MAX} are allowed"),
+            ));
         }
         if self.worker_mode == WorkerMode::Fork && self.runtime != Runtime::Python {
-            return Err(format!(
-                "worker_mode: fork is for python functions ({} workers are {})",
-                self.runtime.name(),
-                if self.runtime.multiplexed() { "goroutines or callbacks in one process" } else { "always forked" }
+            return Err(SpecError::new(
+                "worker_mode",
+                format!(
+                    "worker_mode: fork is for python functions ({} workers are {})",
+                    self.runtime.name(),
+                    if self.runtime.multiplexed() { "goroutines or callbacks in one process" } else { "always forked" }
+                ),
             ));
         }
         if self.cpu_shares.is_some_and(|s| !(2..=262_144).contains(&s)) {
-            return Err(format!("cpu_shares must be between 2 and 262144, got {}", self.cpu_shares.unwrap_or(0)));
+            return Err(SpecError::new(
+                "cpu_shares",
+                format!("cpu_shares must be between 2 and 262144, got {}", self.cpu_shares.unwrap_or(0)),
+            ));
         }
         if self.memory_bytes < MEMORY_MIN {
-            return Err(format!("memory must be at least 16Mi, got {} bytes", self.memory_bytes));
+            return Err(SpecError::new(
+                "memory",
+                format!("memory must be at least 16Mi, got {} bytes", self.memory_bytes),
+            ));
         }
         if !(8..=65536).contains(&self.pids) {
-            return Err(format!("pids must be between 8 and 65536, got {}", self.pids));
+            return Err(SpecError::new("pids", format!("pids must be between 8 and 65536, got {}", self.pids)));
         }
         if self.memory_bytes > MEMORY_MAX {
-            return Err(format!("memory must be at most 1Ti, got {} bytes", self.memory_bytes));
+            return Err(SpecError::new(
+                "memory",
+                format!("memory must be at most 1Ti, got {} bytes", self.memory_bytes),
+            ));
         }
         Ok(())
     }
 
     /// What `validate` cannot know: whether this host can give what the
     /// function asks for. `memory_total_bytes` is the host's RAM.
-    pub fn validate_for_host(&self, memory_total_bytes: u64) -> Result<(), String> {
+    pub fn validate_for_host(&self, memory_total_bytes: u64) -> Result<(), SpecError> {
         if memory_total_bytes > 0 && self.memory_bytes > memory_total_bytes {
-            return Err(format!(
-                "memory {} MiB is more than this host has ({} MiB of RAM)",
-                self.memory_bytes >> 20,
-                memory_total_bytes >> 20
+            return Err(SpecError::new(
+                "memory",
+                format!(
+                    "memory {} MiB is more than this host has ({} MiB of RAM)",
+                    self.memory_bytes >> 20,
+                    memory_total_bytes >> 20
+                ),
             ));
         }
         Ok(())
+    }
+}
+
+/// A function's settings that cannot be deployed: which setting (the
+/// manifest's key), and why, phrased for the person who wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SpecError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl SpecError {
+    pub fn new(field: &'static str, message: String) -> SpecError {
+        SpecError { field, message }
     }
 }
 
@@ -303,9 +363,13 @@ mod tests {
     #[test]
     fn validation() {
         assert_eq!(spec().validate(), Ok(()));
-        assert!(FunctionSpec { min_workers: 5, ..spec() }.validate().unwrap_err().contains("greater"));
-        assert!(FunctionSpec { max_queue: 0, ..spec() }.validate().unwrap_err().contains("max_queue"));
-        assert!(FunctionSpec { max_queue: QUEUE_MAX + 1, ..spec() }.validate().unwrap_err().contains("max_queue"));
+        assert!(FunctionSpec { min_workers: 5, ..spec() }.validate().unwrap_err().message.contains("greater"));
+        assert!(FunctionSpec { max_queue: 0, ..spec() }.validate().unwrap_err().message.contains("max_queue"));
+        assert!(FunctionSpec { max_queue: QUEUE_MAX + 1, ..spec() }
+            .validate()
+            .unwrap_err()
+            .message
+            .contains("max_queue"));
         assert!(FunctionSpec { handler: "a-b:c".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { handler: "pkg.mod:fn_1".into(), ..spec() }.validate().is_ok());
         assert!(FunctionSpec { runtime: Runtime::C, handler: "../x.c".into(), ..spec() }.validate().is_err());
@@ -318,23 +382,27 @@ mod tests {
         assert!(FunctionSpec { runtime: Runtime::Go, handler: "handle".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { runtime: Runtime::Cpp, handler: "h.c".into(), ..spec() }.validate().is_err());
         assert!(FunctionSpec { timeout_ms: 0, ..spec() }.validate().is_err());
-        assert!(FunctionSpec { source: "/etc".into(), ..spec() }.validate().unwrap_err().contains("digest"));
-        assert!(FunctionSpec { memory_bytes: u64::MAX, ..spec() }.validate().unwrap_err().contains("1Ti"));
+        assert!(FunctionSpec { source: "/etc".into(), ..spec() }.validate().unwrap_err().message.contains("digest"));
+        assert!(FunctionSpec { memory_bytes: u64::MAX, ..spec() }.validate().unwrap_err().message.contains("1Ti"));
         let big = FunctionSpec { memory_bytes: 64 << 30, ..spec() };
         assert!(big.validate().is_ok());
-        assert!(big.validate_for_host(24 << 30).unwrap_err().contains("24576 MiB of RAM"));
+        assert!(big.validate_for_host(24 << 30).unwrap_err().message.contains("24576 MiB of RAM"));
         assert!(spec().validate_for_host(24 << 30).is_ok());
         let mut env = BTreeMap::new();
         env.insert("K".to_string(), "v".repeat(ENV_BYTES_MAX));
-        assert!(FunctionSpec { env, ..spec() }.validate().unwrap_err().contains("environment"));
+        assert!(FunctionSpec { env, ..spec() }.validate().unwrap_err().message.contains("environment"));
         let mut env = BTreeMap::new();
         env.insert("K".to_string(), "a\0LD_PRELOAD=/x".to_string());
-        assert!(FunctionSpec { env, ..spec() }.validate().unwrap_err().contains("NUL"));
+        assert!(FunctionSpec { env, ..spec() }.validate().unwrap_err().message.contains("NUL"));
         assert!(FunctionSpec { handler: "x".repeat(300), ..spec() }.validate().is_err());
-        assert!(FunctionSpec { memory_bytes: 1 << 20, ..spec() }.validate().unwrap_err().contains("16Mi"));
-        assert!(FunctionSpec { pids: 2, ..spec() }.validate().unwrap_err().contains("pids"));
+        assert!(FunctionSpec { memory_bytes: 1 << 20, ..spec() }.validate().unwrap_err().message.contains("16Mi"));
+        assert!(FunctionSpec { pids: 2, ..spec() }.validate().unwrap_err().message.contains("pids"));
+        // The field names the manifest key, for tools that point at it.
+        assert_eq!(FunctionSpec { pids: 2, ..spec() }.validate().unwrap_err().field, "pids");
+        assert_eq!(FunctionSpec { max_queue: 0, ..spec() }.validate().unwrap_err().field, "max_queue");
+        assert_eq!(FunctionSpec { memory_bytes: 1, ..spec() }.validate().unwrap_err().field, "memory");
         assert!(FunctionSpec { worker_mode: WorkerMode::Fork, ..spec() }.validate().is_ok());
         let c_fork = FunctionSpec { runtime: Runtime::C, worker_mode: WorkerMode::Fork, ..spec() };
-        assert!(c_fork.validate().unwrap_err().contains("always forked"));
+        assert!(c_fork.validate().unwrap_err().message.contains("always forked"));
     }
 }

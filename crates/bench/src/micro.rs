@@ -11,7 +11,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use client::http::read_response;
-use client::Client;
+use client::{Client, Requester};
 use serde_json::{json, Value};
 use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -2,13 +2,13 @@
 //! the deploying machine, uploaded as an archive, and then registered by
 //! its digest. The gateway never reads a path the manifest names.
 
-use crate::Client;
+use crate::Requester;
 use anyhow::{anyhow, bail, Context, Result};
 use api::manifest::ManifestFunction;
 use serde_json::{json, Value};
 
 /// Packs and uploads a function's source; returns its digest.
-pub fn upload_source(c: &mut Client, f: &ManifestFunction) -> Result<String> {
+pub fn upload_source(c: &mut impl Requester, f: &ManifestFunction) -> Result<String> {
     let dir = &f.source_dir;
     let archive = api::archive::pack(dir, &api::archive::Limits::DEFAULT)
         .map_err(|e| anyhow!("function {}: packing {}: {e}", f.spec.name, dir.display()))?;
@@ -33,7 +33,7 @@ pub fn upload_source(c: &mut Client, f: &ManifestFunction) -> Result<String> {
 
 /// Uploads the function's source and registers it. Returns the gateway's
 /// answer (`notes` says what the dependency install did).
-pub fn deploy_function(c: &mut Client, f: &ManifestFunction) -> Result<Value> {
+pub fn deploy_function(c: &mut impl Requester, f: &ManifestFunction) -> Result<Value> {
     let mut spec = f.spec.clone();
     spec.source = upload_source(c, f)?;
     let body = serde_json::to_vec(&json!({ "functions": [spec] }))?;

@@ -70,12 +70,26 @@ impl Client {
         }
         Ok(self.conn.as_mut().expect("connected above"))
     }
+}
 
-    pub fn request(&mut self, method: &str, path: &str, body: &[u8]) -> io::Result<Response> {
+/// Sends one request and reads its answer: what deploying needs, from the
+/// command line's client and the benchmark's alike.
+pub trait Requester {
+    fn request_with_headers(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> io::Result<Response>;
+
+    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> io::Result<Response> {
         self.request_with_headers(method, path, body, &[])
     }
+}
 
-    pub fn request_with_headers(
+impl Requester for Client {
+    fn request_with_headers(
         &mut self,
         method: &str,
         path: &str,
@@ -103,7 +117,9 @@ impl Client {
             }
         }
     }
+}
 
+impl Client {
     fn try_request(&mut self, method: &str, path: &str, body: &[u8], headers: &[(&str, &str)]) -> io::Result<Response> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n", self.host, body.len());
         for (k, v) in headers {

@@ -1,12 +1,15 @@
 //! What the `staccato` command and the benchmarks share to talk to a
-//! gateway: [`http`], a blocking keep-alive HTTP/1.1 client, and
-//! [`deploy`], packing, uploading and registering a manifest's functions.
+//! gateway: [`gateway`], the command line's client (ureq); [`http`], the
+//! benchmarks' lean keep-alive HTTP/1.1 client; and [`deploy`], packing,
+//! uploading and registering a manifest's functions through either.
 #![forbid(unsafe_code)]
 
 pub mod deploy;
+pub mod gateway;
 pub mod http;
 
-pub use http::{Client, Response};
+pub use gateway::Gateway;
+pub use http::{Client, Requester, Response};
 
 use anyhow::{bail, Result};
 use serde_json::Value;

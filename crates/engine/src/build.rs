@@ -4,6 +4,7 @@
 //! gives functions no isolation either; see README "Security model").
 
 use crate::config::EngineConfig;
+use crate::{Error, Result};
 use pkgcache::{HostRunner, RunError, Runner};
 use sandbox::proxy::{url_host, HostRule, DEFAULT_HOSTS};
 use std::ffi::OsStr;
@@ -28,7 +29,7 @@ enum Kind {
     Sandbox(Arc<sandbox::Builder>),
     /// Containers, but no build sandbox: builds fail with this reason
     /// rather than run on the host.
-    Unavailable(String),
+    Unavailable(sandbox::Error),
 }
 
 impl Builds {
@@ -66,11 +67,13 @@ impl Builds {
         });
     }
 
-    pub fn runner(&self) -> Result<Arc<dyn Runner>, String> {
+    pub fn runner(&self) -> Result<Arc<dyn Runner>> {
         match &self.kind {
             Kind::Host => Ok(Arc::new(HostRunner)),
             Kind::Sandbox(b) => Ok(Arc::new(SandboxRunner(b.clone()))),
-            Kind::Unavailable(why) => Err(format!("the build sandbox is unavailable on this engine: {why}")),
+            Kind::Unavailable(why) => {
+                Err(Error::Unavailable(format!("the build sandbox is unavailable on this engine: {why}")))
+            }
         }
     }
 
@@ -78,7 +81,7 @@ impl Builds {
         !matches!(self.kind, Kind::Host)
     }
 
-    pub fn go_seed(&self, cfg: &EngineConfig) -> Result<PathBuf, String> {
+    pub fn go_seed(&self, cfg: &EngineConfig) -> Result<PathBuf> {
         let mut seed = self.go_seed.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = seed.as_ref().filter(|s| s.is_dir()) {
             return Ok(s.clone());
@@ -174,7 +177,7 @@ const CA_VARS: [&str; 6] =
 
 /// The build settings for this engine's environment: its package index
 /// variables (and the paths and hosts they name) plus `extra_hosts`.
-pub fn build_config(extra_hosts: &[String]) -> Result<sandbox::BuildConfig, String> {
+pub fn build_config(extra_hosts: &[String]) -> Result<sandbox::BuildConfig> {
     let vars: Vec<(String, String)> = PASSED_VARS
         .iter()
         .chain(CA_VARS.iter())
@@ -187,16 +190,16 @@ pub fn build_config(extra_hosts: &[String]) -> Result<sandbox::BuildConfig, Stri
             if let Some(path) = token.strip_prefix("file://").or(Some(token).filter(|t| t.starts_with('/'))) {
                 reads.push(PathBuf::from(path));
             } else if let Some(host) = url_host(token) {
-                hosts.push(HostRule::parse(&host).map_err(|e| format!("{k}: {e}"))?);
+                hosts.push(HostRule::parse(&host).map_err(|e| Error::Config(format!("{k}: {e}")))?);
             } else if k == "GOSUMDB" && !matches!(token, "off") && !token.contains('/') {
                 // "sum.golang.org" or "sum.golang.org+<key>" (a URL may follow).
                 let name = token.split('+').next().unwrap_or(token);
-                hosts.push(HostRule::parse(name).map_err(|e| format!("GOSUMDB: {e}"))?);
+                hosts.push(HostRule::parse(name).map_err(|e| Error::Config(format!("GOSUMDB: {e}")))?);
             }
         }
     }
     for h in extra_hosts {
-        hosts.push(HostRule::parse(h).map_err(|e| format!("--build-allow-host: {e}"))?);
+        hosts.push(HostRule::parse(h).map_err(|e| Error::Config(format!("--build-allow-host: {e}")))?);
     }
     hosts.dedup();
     let mut cfg = sandbox::BuildConfig::new(hosts);
@@ -209,21 +212,21 @@ pub fn build_config(extra_hosts: &[String]) -> Result<sandbox::BuildConfig, Stri
 /// Go build starts from (a copy of it: builds never share a cache they
 /// can write). Made on the host from our own sources only, with no
 /// network, and kept per Go version and runtime under `seed_root`.
-fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf, String> {
+fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf> {
     let script = cfg.runtimes_dir.join("go/build-function.sh");
     let go_dir = cfg.runtimes_dir.join("go");
-    let version =
-        Command::new(go_command()).args(["env", "GOVERSION"]).output().map_err(|e| format!("running go: {e}"))?;
+    let version = Command::new(go_command()).args(["env", "GOVERSION"]).output().map_err(Error::io("running go"))?;
     let mut key = String::from_utf8_lossy(&version.stdout).trim().to_string();
     if !version.status.success() || key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.') {
-        return Err(format!("`go env GOVERSION` failed: {}", String::from_utf8_lossy(&version.stderr).trim()));
+        let stderr = String::from_utf8_lossy(&version.stderr);
+        return Err(Error::Unavailable(format!("`go env GOVERSION` failed: {}", stderr.trim())));
     }
     let mut files = Vec::new();
-    collect(&go_dir, &mut files).map_err(|e| format!("reading {}: {e}", go_dir.display()))?;
+    collect(&go_dir, &mut files).map_err(Error::io(format!("reading {}", go_dir.display())))?;
     files.sort();
     let mut bytes = key.clone().into_bytes();
     for f in &files {
-        let content = fs::read(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+        let content = fs::read(f).map_err(Error::io(format!("reading {}", f.display())))?;
         let name = f.strip_prefix(&go_dir).unwrap_or(f).to_string_lossy().into_owned();
         // Lengths first: no two different trees give the same bytes.
         bytes.extend_from_slice(format!("\n{}:{}:{}\n", name.len(), name, content.len()).as_bytes());
@@ -238,15 +241,15 @@ fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf, String> {
     sweep_dead_tmp(seed_root);
     log::info!("building the Go runtime's build cache once ({})", seed.display());
     let tmp = seed_root.join(format!("tmp-{}-{}", std::process::id(), sys::clock::monotonic_ns()));
-    let made = (|| -> Result<(), String> {
+    let made = (|| -> Result<()> {
         let code = tmp.join("code");
-        fs::create_dir_all(&code).map_err(|e| format!("creating {}: {e}", code.display()))?;
+        fs::create_dir_all(&code).map_err(Error::io(format!("creating {}", code.display())))?;
         fs::write(
             code.join("seed.go"),
             "package seed\n\nimport staccato \"staccato.local/go/staccato\"\n\n\
              func Handle(ctx *staccato.Context, in []byte) ([]byte, error) { return in, nil }\n",
         )
-        .map_err(|e| format!("writing the seed function: {e}"))?;
+        .map_err(Error::io("writing the seed function"))?;
         let out = Command::new("bash")
             .arg(&script)
             .arg(&code)
@@ -257,15 +260,16 @@ fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf, String> {
             .env("GOPROXY", "off")
             .env("GOTOOLCHAIN", "local")
             .output()
-            .map_err(|e| format!("running {}: {e}", script.display()))?;
+            .map_err(Error::io(format!("running {}", script.display())))?;
         if !out.status.success() {
-            return Err(format!("building the Go seed failed: {}", String::from_utf8_lossy(&out.stderr)));
+            let output = String::from_utf8_lossy(&out.stderr).into_owned();
+            return Err(Error::BuildFailed { what: "building the Go seed".into(), output });
         }
-        chmod_tree(&tmp.join("gocache"), Some(0o644)).map_err(|e| format!("making the Go seed readable: {e}"))?;
+        chmod_tree(&tmp.join("gocache"), Some(0o644)).map_err(Error::io("making the Go seed readable"))?;
         match fs::rename(tmp.join("gocache"), &seed) {
             // Another engine made it first.
             Err(_) if seed.is_dir() => Ok(()),
-            r => r.map_err(|e| format!("publishing {}: {e}", seed.display())),
+            r => r.map_err(Error::io(format!("publishing {}", seed.display()))),
         }
     })();
     let _ = chmod_tree(&tmp, None).and_then(|()| fs::remove_dir_all(&tmp));

@@ -11,6 +11,7 @@ use crate::config::{
     ContainerConfig, EngineConfig, CONTAINER_CODE, CONTAINER_DEPS, CONTAINER_PYTHON, CONTAINER_RUNTIMES,
 };
 use crate::spec::{FunctionSpec, Runtime};
+use crate::{Error, Result};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -22,26 +23,21 @@ const GO_WORKER: &str = ".staccato-worker";
 
 /// Builds and installs what the runtime needs. Errors are written for the
 /// person deploying: which file, which tool, and the tool's own output.
-pub(crate) fn prepare(
-    cfg: &EngineConfig,
-    builds: &Builds,
-    spec: &FunctionSpec,
-    code_dir: &Path,
-) -> Result<Deps, String> {
+pub(crate) fn prepare(cfg: &EngineConfig, builds: &Builds, spec: &FunctionSpec, code_dir: &Path) -> Result<Deps> {
     let mut deps = Deps::default();
     let handler = spec.handler_or_default();
     let need_file = |file: &str| {
         if code_dir.join(file).is_file() {
             Ok(())
         } else {
-            Err(format!("handler file {file} not found in the function's source"))
+            Err(Error::Source(format!("handler file {file} not found in the function's source")))
         }
     };
     match spec.runtime {
         Runtime::Python => {
             let module = handler.split(':').next().unwrap_or("handler").replace('.', "/");
             if need_file(&format!("{module}.py")).is_err() && need_file(&format!("{module}/__init__.py")).is_err() {
-                return Err(format!("handler module {module}.py not found in the function's source"));
+                return Err(Error::Source(format!("handler module {module}.py not found in the function's source")));
             }
             if code_dir.join("requirements.txt").is_file() {
                 let cache = open_cache(cfg)?.with_runner(builds.runner()?);
@@ -59,11 +55,12 @@ pub(crate) fn prepare(
             if code_dir.join("package.json").is_file() {
                 let cache = open_cache(cfg)?.with_runner(builds.runner()?);
                 let r = cache.node(code_dir, &mut progress(spec))?;
-                let modules = r.dirs.first().cloned().ok_or("the package cache returned no node_modules")?;
+                let modules =
+                    r.dirs.first().cloned().ok_or(Error::Build("the package cache returned no node_modules".into()))?;
                 // Node resolves packages by walking up from the handler: a
                 // link for plain processes; containers mount it at /node_modules.
                 std::os::unix::fs::symlink(&modules, code_dir.join("node_modules"))
-                    .map_err(|e| format!("linking node_modules: {e}"))?;
+                    .map_err(Error::io("linking node_modules"))?;
                 deps.node = Some(modules);
                 deps.entries = r.entries;
                 deps.summary = summary(r.installed, r.cached);
@@ -73,7 +70,7 @@ pub(crate) fn prepare(
         Runtime::Go => {
             let script = cfg.runtimes_dir.join("go/build-function.sh");
             if !script.is_file() {
-                return Err(format!("Go runtime not found at {}", script.display()));
+                return Err(Error::Unavailable(format!("Go runtime not found at {}", script.display())));
             }
             let out = BuildDir::new(code_dir)?;
             let mut reads = vec![code_dir.to_path_buf(), cfg.runtimes_dir.join("go")];
@@ -129,10 +126,10 @@ pub(crate) fn prepare(
 struct BuildDir(PathBuf);
 
 impl BuildDir {
-    fn new(code_dir: &Path) -> Result<BuildDir, String> {
+    fn new(code_dir: &Path) -> Result<BuildDir> {
         let dir = code_dir.with_extension("build");
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::create_dir(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         Ok(BuildDir(dir))
     }
 
@@ -141,13 +138,13 @@ impl BuildDir {
     }
 
     /// Moves the one file the step was to make into the code directory.
-    fn take(&self, name: &str, code_dir: &Path) -> Result<(), String> {
+    fn take(&self, name: &str, code_dir: &Path) -> Result<()> {
         let made = self.0.join(name);
         match std::fs::symlink_metadata(&made) {
             Ok(m) if m.is_file() => {}
-            _ => return Err(format!("the build made no {name}")),
+            _ => return Err(Error::Build(format!("the build made no {name}"))),
         }
-        std::fs::rename(&made, code_dir.join(name)).map_err(|e| format!("moving {name} into place: {e}"))
+        std::fs::rename(&made, code_dir.join(name)).map_err(Error::io(format!("moving {name} into place")))
     }
 }
 
@@ -170,9 +167,9 @@ pub(crate) struct Deps {
     pub summary: String,
 }
 
-pub(crate) fn open_cache(cfg: &EngineConfig) -> Result<pkgcache::Cache, String> {
+pub(crate) fn open_cache(cfg: &EngineConfig) -> Result<pkgcache::Cache> {
     pkgcache::Cache::open(&cfg.cache_dir, cfg.cache_budget_bytes)
-        .map_err(|e| format!("opening the package cache {}: {e}", cfg.cache_dir.display()))
+        .map_err(Error::io(format!("opening the package cache {}", cfg.cache_dir.display())))
 }
 
 fn progress(spec: &FunctionSpec) -> impl FnMut(&str) + '_ {
@@ -183,11 +180,13 @@ fn summary(installed: usize, cached: usize) -> String {
     format!("dependencies: {installed} installed, {cached} from the cache")
 }
 
-fn run(builds: &Builds, cmd: &mut Command, reads: &[PathBuf], output: &Path, what: &str) -> Result<(), String> {
+fn run(builds: &Builds, cmd: &mut Command, reads: &[PathBuf], output: &Path, what: &str) -> Result<()> {
     let out: Output = match builds.runner()?.output(cmd, reads, Some(output)) {
         Ok(out) => out,
-        Err(pkgcache::RunError::Spawn(e)) => return Err(format!("{what}: running {:?}: {e}", cmd.get_program())),
-        Err(pkgcache::RunError::Stopped(why)) => return Err(format!("{what}: {why}")),
+        Err(pkgcache::RunError::Spawn(e)) => {
+            return Err(Error::Build(format!("{what}: running {:?}: {e}", cmd.get_program())))
+        }
+        Err(pkgcache::RunError::Stopped(why)) => return Err(Error::Build(format!("{what}: {why}"))),
     };
     if out.status.success() {
         return Ok(());
@@ -195,7 +194,7 @@ fn run(builds: &Builds, cmd: &mut Command, reads: &[PathBuf], output: &Path, wha
     let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
     text.push_str(&String::from_utf8_lossy(&out.stdout));
     let lines: Vec<&str> = text.lines().collect();
-    Err(format!("{what} failed:\n{}", lines[lines.len().saturating_sub(30)..].join("\n")))
+    Err(Error::BuildFailed { what: what.to_string(), output: lines[lines.len().saturating_sub(30)..].join("\n") })
 }
 
 /// Where a launcher finds things: the host's paths for a plain process, or
@@ -262,7 +261,7 @@ impl View {
 
 /// The command that starts a function's launcher (its working directory and
 /// the common `STACCATO_*` environment are set by the caller).
-pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, view: &View) -> Result<Command, String> {
+pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, view: &View) -> Result<Command> {
     let code_dir = &view.code;
     let mut cmd = match spec.runtime {
         Runtime::Python => {
@@ -301,10 +300,10 @@ pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, view: &V
     Ok(cmd)
 }
 
-fn existing(p: PathBuf, what: &str) -> Result<PathBuf, String> {
+fn existing(p: PathBuf, what: &str) -> Result<PathBuf> {
     if p.is_file() {
         Ok(p)
     } else {
-        Err(format!("{what} not found at {}", p.display()))
+        Err(Error::Unavailable(format!("{what} not found at {}", p.display())))
     }
 }

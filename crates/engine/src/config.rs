@@ -220,7 +220,7 @@ impl ContainerConfig {
             pause_min: Duration::from_millis(100),
             pause_max: Duration::from_secs(10),
             keep_alive: Duration::from_secs(300),
-            build: crate::build::build_config(&[]).map_err(Unavailable::Failed)?,
+            build: crate::build::build_config(&[]).map_err(|e| Unavailable::Failed(e.to_string()))?,
         })
     }
 }
@@ -228,7 +228,7 @@ impl ContainerConfig {
 /// The repository's runtimes/ directory: `arg` if given, else next to the
 /// binary (target/release/staccato → ../../runtimes), or the working
 /// directory's.
-pub fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf, String> {
+pub fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf, crate::Error> {
     if let Some(p) = arg {
         return Ok(p);
     }
@@ -243,5 +243,5 @@ pub fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf, String> {
         .into_iter()
         .find(|p| p.join("python/staccato").is_dir())
         .map(|p| p.canonicalize().unwrap_or(p))
-        .ok_or_else(|| "cannot find the runtimes/ directory; pass --runtimes-dir".to_string())
+        .ok_or_else(|| crate::Error::Unavailable("cannot find the runtimes/ directory; pass --runtimes-dir".into()))
 }

@@ -16,6 +16,15 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A message a function's process may not send: the channel is closed.
+#[derive(Debug, thiserror::Error)]
+enum ProtocolError {
+    #[error("malformed message: {0}")]
+    Malformed(#[from] wire::message::MessageError),
+    #[error("unexpected {0:?} message")]
+    Unexpected(wire::Kind),
+}
 use sys::channel::{MessageReader, ReadStatus};
 use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use wire::message::{shm_file_name, Header, Kind, Message, INLINE_LEN_MAX};
@@ -217,14 +226,14 @@ impl IoThread {
         }
     }
 
-    fn on_message(&mut self, func: &Arc<Function>, worker_id: u32, m: Message) -> Result<(), String> {
-        let h = m.header().map_err(|e| format!("malformed message: {e}"))?;
+    fn on_message(&mut self, func: &Arc<Function>, worker_id: u32, m: Message) -> Result<(), ProtocolError> {
+        let h = m.header()?;
         match (worker_id, h.kind) {
             (0, Kind::LauncherHello) => self.on_launcher_hello(func, h.aux),
             (w, Kind::WorkerHello) if w != 0 && h.worker_id == w => self.on_worker_hello(func, w, h.aux),
             (w, Kind::Completion | Kind::Failure) if w != 0 => self.on_result(func, w, &h, &m),
             (w, Kind::Invoke) if w != 0 => self.on_invoke(func, w, &h, &m),
-            (_, k) => return Err(format!("unexpected {k:?} message")),
+            (_, k) => return Err(ProtocolError::Unexpected(k)),
         }
         Ok(())
     }

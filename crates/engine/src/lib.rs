@@ -11,6 +11,7 @@ mod clock;
 mod code;
 pub mod concurrency;
 pub mod config;
+mod error;
 mod io_thread;
 pub mod scheduler;
 mod shared;
@@ -18,6 +19,7 @@ pub use api::spec;
 mod supervisor;
 
 pub use config::{ContainerConfig, EngineConfig, Placement};
+pub use error::{Error, Result};
 
 use api::auth::Role;
 use shared::{Cmd, Mailbox, Shared, SupervisorCmd};

@@ -5,6 +5,7 @@
 use crate::scheduler::Scheduler;
 use crate::shared::{Cmd, FnCore, Function, Launcher, LauncherState, Outcome, Shared, SupervisorCmd};
 use crate::spec::FunctionSpec;
+use crate::Error;
 use api::control::{Refusal, RefusalKind, Reply, Request};
 use std::collections::HashMap;
 use std::fs::{self, File};
@@ -71,8 +72,8 @@ impl Supervisor {
 
     fn register(&mut self, spec: FunctionSpec, archive: &[u8]) -> Result<Reply, Refusal> {
         let invalid = |m: String| Refusal::new(RefusalKind::InvalidSpec, m);
-        spec.validate().map_err(invalid)?;
-        spec.validate_for_host(self.shared.memory_total_bytes).map_err(invalid)?;
+        spec.validate().map_err(|e| invalid(e.to_string()))?;
+        spec.validate_for_host(self.shared.memory_total_bytes).map_err(|e| invalid(e.to_string()))?;
         let digest = api::archive::digest(archive);
         if digest != spec.source {
             return Err(invalid(format!(
@@ -92,11 +93,11 @@ impl Supervisor {
         })?;
         let deps = crate::code::prepare(cfg, &self.shared.builds, &spec, &code_dir).map_err(|e| {
             let _ = fs::remove_dir_all(&code_dir);
-            Refusal::new(RefusalKind::BuildFailed, e)
+            Refusal::new(e.refusal_kind(RefusalKind::BuildFailed), e.to_string())
         })?;
         let internal = |m: String| Refusal::new(RefusalKind::Internal, m);
         if !deps.entries.is_empty() {
-            let cache = crate::code::open_cache(cfg).map_err(internal)?;
+            let cache = crate::code::open_cache(cfg).map_err(|e| internal(e.to_string()))?;
             cache
                 .pin(&spec.name, &deps.entries)
                 .map_err(|e| internal(format!("pinning dependencies: {e} (deploy again)")))?;
@@ -106,7 +107,7 @@ impl Supervisor {
                 Err(e) => log::warn!("package cache eviction: {e}"),
             }
         }
-        let log = self.log_stream(&spec.name, generation).map_err(internal)?;
+        let log = self.log_stream(&spec.name, generation).map_err(|e| internal(e.to_string()))?;
         let func = Arc::new(Function {
             dir: cfg.ipc_dir.join(format!("{}.{generation}", spec.name)),
             log,
@@ -128,7 +129,7 @@ impl Supervisor {
         self.start_launcher(&func);
         if let Err(e) = self.wait_ready(&func) {
             self.retire(&func, "deploy failed", None);
-            return Err(Refusal::new(RefusalKind::StartFailed, e));
+            return Err(Refusal::new(RefusalKind::StartFailed, e.to_string()));
         }
         let old = self
             .shared
@@ -147,14 +148,14 @@ impl Supervisor {
     /// The log of function `name`: the live one if a generation of it
     /// still runs (a redeploy's old calls and new ones share it), else a
     /// fresh FIFO drained into `<state>/logs/<name>.log`.
-    fn log_stream(&mut self, name: &str, generation: u128) -> Result<Arc<sandbox::logs::Stream>, String> {
+    fn log_stream(&mut self, name: &str, generation: u128) -> crate::Result<Arc<sandbox::logs::Stream>> {
         self.logs.retain(|_, s| s.strong_count() > 0);
         if let Some(s) = self.logs.get(name).and_then(std::sync::Weak::upgrade) {
             return Ok(s);
         }
         let cfg = &self.shared.cfg;
         let dir = cfg.state_dir.join("logs");
-        fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         // A path of its own: a dying stream unlinks its FIFO, perhaps on
         // another thread while a new one for the same name is made.
         let fifo = cfg.ipc_dir.join(crate::LOG_FIFOS).join(format!("{name}.{generation}"));
@@ -162,12 +163,12 @@ impl Supervisor {
             .shared
             .logs
             .open(&fifo, &dir.join(format!("{name}.log")), cfg.log_caps)
-            .map_err(|e| format!("making the log of {name}: {e}"))?;
+            .map_err(Error::io(format!("making the log of {name}")))?;
         self.logs.insert(name.to_string(), Arc::downgrade(&s));
         Ok(s)
     }
 
-    fn wait_ready(&mut self, func: &Function) -> Result<(), String> {
+    fn wait_ready(&mut self, func: &Function) -> crate::Result<()> {
         let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.launcher_ready_timeout_ms);
         loop {
             let (state, err) = {
@@ -177,15 +178,15 @@ impl Supervisor {
             match state {
                 LauncherState::Ready => return Ok(()),
                 LauncherState::Down => {
-                    return Err(format!("function {} failed to start:\n{err}", func.spec.name));
+                    return Err(Error::Start(format!("function {} failed to start:\n{err}", func.spec.name)));
                 }
                 LauncherState::Starting if Instant::now() > deadline => {
-                    return Err(format!(
+                    return Err(Error::Start(format!(
                         "function {} did not start within {} ms; its log:\n{}",
                         func.spec.name,
                         self.shared.cfg.launcher_ready_timeout_ms,
                         log_tail(&func.log)
-                    ));
+                    )));
                 }
                 LauncherState::Starting => {
                     std::thread::sleep(Duration::from_millis(2));
@@ -326,7 +327,7 @@ impl Supervisor {
                     let mut core = f.lock_core();
                     core.launcher.state = LauncherState::Down;
                     core.launcher.failed_at = Some(Instant::now());
-                    core.launcher.last_error = e;
+                    core.launcher.last_error = e.to_string();
                 }
                 for r in self.shared.pump(f, 0) {
                     self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
@@ -335,15 +336,14 @@ impl Supervisor {
         }
     }
 
-    fn spawn_launcher(&mut self, f: &Arc<Function>) -> Result<(), String> {
+    fn spawn_launcher(&mut self, f: &Arc<Function>) -> crate::Result<()> {
         let cfg = &self.shared.cfg;
-        fs::create_dir_all(f.dir.join("shm")).map_err(|e| format!("creating {}: {e}", f.dir.display()))?;
-        let ch =
-            sys::channel::EngineChannel::create(&f.dir, 0).map_err(|e| format!("creating launcher channel: {e}"))?;
+        fs::create_dir_all(f.dir.join("shm")).map_err(Error::io(format!("creating {}", f.dir.display())))?;
+        let ch = sys::channel::EngineChannel::create(&f.dir, 0).map_err(Error::io("creating the launcher channel"))?;
         if let (Some(pool), Some(cc)) = (self.shared.pool.clone(), cfg.containers.clone()) {
             return self.spawn_in_container(f, ch, pool, &cc);
         }
-        let writer = || f.log.writer().map_err(|e| format!("opening {}: {e}", f.log.fifo().display()));
+        let writer = || f.log.writer().map_err(Error::io(format!("opening {}", f.log.fifo().display())));
         let view = crate::code::View::host(cfg, &f.code_dir, &f.deps);
         let mut cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
         cmd.envs(&f.spec.env)
@@ -355,7 +355,7 @@ impl Supervisor {
             .stdout(writer()?)
             .stderr(writer()?);
         sys::process::kill_child_with_parent(&mut cmd);
-        let child = cmd.spawn().map_err(|e| format!("running {:?}: {e}", cmd.get_program()))?;
+        let child = cmd.spawn().map_err(Error::io(format!("running {:?}", cmd.get_program())))?;
         let pid = child.id();
         self.children.push((child, f.clone()));
         {
@@ -378,16 +378,16 @@ impl Supervisor {
         ch: sys::channel::EngineChannel,
         pool: sandbox::Pool,
         cc: &crate::config::ContainerConfig,
-    ) -> Result<(), String> {
+    ) -> crate::Result<()> {
         use crate::config::{CONTAINER_CODE, CONTAINER_IPC};
         let cfg = &self.shared.cfg;
         let c = pool.take(f.spec.runtime == crate::spec::Runtime::Python)?;
-        let start = (|| {
+        let start = (|| -> crate::Result<u32> {
             for d in [f.dir.clone(), f.dir.join("shm")] {
                 std::os::unix::fs::chown(&d, Some(c.uid), Some(c.uid))
-                    .map_err(|e| format!("chown {}: {e}", d.display()))?;
+                    .map_err(Error::io(format!("chown {}", d.display())))?;
             }
-            crate::shared::give_channel(&f.dir, 0, c.uid).map_err(|e| format!("chown channel 0: {e}"))?;
+            crate::shared::give_channel(&f.dir, 0, c.uid).map_err(Error::io("chown channel 0"))?;
             let view = crate::code::View::container(cc, &f.deps);
             let cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
             let mut env: Vec<(String, String)> = vec![
@@ -421,7 +421,7 @@ impl Supervisor {
             let python = f.spec.runtime == crate::spec::Runtime::Python;
             let log = f.log.fifo().to_path_buf();
             let s = sandbox::Start { mounts, limits, argv, env, cwd: CONTAINER_CODE.into(), log, python };
-            c.start(&s)
+            Ok(c.start(&s)?)
         })();
         let pid = match start {
             Ok(pid) => pid,

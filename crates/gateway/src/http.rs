@@ -111,8 +111,8 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
     let max = sh.cfg.payload_len_max;
     let declared = inputs::content_length(req.headers());
     let timeout_ms = inputs::timeout_ms(req.headers());
-    let outcome = if let Err(msg) = timeout_ms {
-        Err((ErrorKind::BadRequest, msg, Timing::default()))
+    let outcome = if let Err(e) = timeout_ms {
+        Err((ErrorKind::BadRequest, e.to_string(), Timing::default()))
     } else if !wire::valid_function_name(name) {
         Err((ErrorKind::NotFound, format!("no function named {name:?}"), Timing::default()))
     } else if declared.is_some_and(|n| n > max as u64) {
@@ -303,7 +303,7 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
     // Everything is checked before anything is deployed.
     let specs = match inputs::deploy_specs(body) {
         Ok(s) => s,
-        Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e, None),
+        Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e.to_string(), None),
     };
     for spec in &specs {
         if !sh.store.has_source(&spec.source) {

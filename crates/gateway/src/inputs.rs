@@ -61,6 +61,23 @@ pub fn content_type(h: &HeaderMap) -> String {
         .unwrap_or_default()
 }
 
+/// A request the gateway refuses with 400: the message says what to fix.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadInput {
+    #[error("{TIMEOUT_HEADER} must be a whole number of milliseconds between 1 and {max}, got {0:?}", max = u32::MAX)]
+    Timeout(String),
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    #[error("more than {DEPLOY_FUNCTIONS_MAX} functions in one deploy")]
+    TooManyFunctions,
+    #[error("invalid function spec: {0}")]
+    Spec(String),
+    #[error("no functions given")]
+    NoFunctions,
+    #[error("function {name}: {error}")]
+    Invalid { name: String, error: api::spec::SpecError },
+}
+
 /// The body length the client declares, if it is a number.
 pub fn content_length(h: &HeaderMap) -> Option<u64> {
     h.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
@@ -68,36 +85,32 @@ pub fn content_length(h: &HeaderMap) -> Option<u64> {
 
 /// The call's timeout from `x-staccato-timeout-ms`: 0 (the function's own)
 /// when absent, else a whole number of milliseconds from 1 up.
-pub fn timeout_ms(h: &HeaderMap) -> Result<u32, String> {
+pub fn timeout_ms(h: &HeaderMap) -> Result<u32, BadInput> {
     let Some(v) = h.get(TIMEOUT_HEADER) else { return Ok(0) };
     match v.to_str().ok().and_then(|s| s.parse::<u32>().ok()) {
         Some(ms) if ms > 0 => Ok(ms),
-        _ => Err(format!(
-            "{TIMEOUT_HEADER} must be a whole number of milliseconds between 1 and {}, got {:?}",
-            u32::MAX,
-            String::from_utf8_lossy(v.as_bytes())
-        )),
+        _ => Err(BadInput::Timeout(String::from_utf8_lossy(v.as_bytes()).into_owned())),
     }
 }
 
 /// The functions a deploy request names (`{"functions": [spec, ...]}` or
 /// one spec), each valid on its own. Whether their sources were uploaded
 /// and whether this host can give what they ask is checked later.
-pub fn deploy_specs(body: &[u8]) -> Result<Vec<FunctionSpec>, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON: {e}"))?;
+pub fn deploy_specs(body: &[u8]) -> Result<Vec<FunctionSpec>, BadInput> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| BadInput::Json(e.to_string()))?;
     let arr = match v {
         Value::Object(mut o) if o.contains_key("functions") => o.remove("functions").unwrap_or(Value::Null),
         other => Value::Array(vec![other]),
     };
     if arr.as_array().is_some_and(|a| a.len() > DEPLOY_FUNCTIONS_MAX) {
-        return Err(format!("more than {DEPLOY_FUNCTIONS_MAX} functions in one deploy"));
+        return Err(BadInput::TooManyFunctions);
     }
-    let specs: Vec<FunctionSpec> = serde_json::from_value(arr).map_err(|e| format!("invalid function spec: {e}"))?;
+    let specs: Vec<FunctionSpec> = serde_json::from_value(arr).map_err(|e| BadInput::Spec(e.to_string()))?;
     if specs.is_empty() {
-        return Err("no functions given".into());
+        return Err(BadInput::NoFunctions);
     }
     for spec in &specs {
-        spec.validate().map_err(|e| format!("function {}: {e}", spec.name))?;
+        spec.validate().map_err(|error| BadInput::Invalid { name: spec.name.clone(), error })?;
     }
     Ok(specs)
 }
@@ -170,11 +183,11 @@ mod tests {
 
     #[test]
     fn deploy_bodies_are_checked_whole() {
-        assert!(deploy_specs(b"{").unwrap_err().starts_with("invalid JSON"));
-        assert_eq!(deploy_specs(b"{\"functions\": []}").unwrap_err(), "no functions given");
-        assert!(deploy_specs(b"{\"functions\": 3}").unwrap_err().starts_with("invalid function spec"));
+        assert!(matches!(deploy_specs(b"{").unwrap_err(), BadInput::Json(_)));
+        assert_eq!(deploy_specs(b"{\"functions\": []}").unwrap_err().to_string(), "no functions given");
+        assert!(deploy_specs(b"{\"functions\": 3}").unwrap_err().to_string().starts_with("invalid function spec"));
         let many = format!("{{\"functions\": [{}]}}", vec!["{}"; DEPLOY_FUNCTIONS_MAX + 1].join(","));
-        assert!(deploy_specs(many.as_bytes()).unwrap_err().starts_with("more than"));
+        assert_eq!(deploy_specs(many.as_bytes()).unwrap_err(), BadInput::TooManyFunctions);
     }
 
     #[test]

@@ -1,24 +1,47 @@
 //! The workload configuration: FaaSProfiler's JSON (paper 004, Listing 1)
 //! read unchanged, plus optional extensions.
 //!
-//! FaaSProfiler fields: `test_name`, `test_duration_in_seconds`,
-//! `random_seed` (null: a random seed, recorded in run.json), `blocking_cli`
-//! (accepted and recorded only: this sender is always open-loop and never
-//! waits for a response before sending the next request), `instances`
-//! {name: {`application`, `distribution`, `rate`, `activity_window`,
-//! `data_file`, `param_file`}}, `perf_monitoring` {`runtime_script`,
-//! `post_script`}.
+//! The file is deserialized into the `File*` structs below, which list every
+//! key accepted (any other key is an error that names it), and `validate`
+//! then checks what serde cannot (positive rates, the window inside the test,
+//! ...) and builds [`Config`]. JSON `null` means "not given" for every key,
+//! and an integer is accepted wherever a number of seconds or a rate is.
+//!
+//! FaaSProfiler fields (Listing 1, its README, and the example configs in its
+//! repository, including the ones of its generic endpoint and trace replay):
+//! `test_name`, `test_duration_in_seconds`, `random_seed` (null: a random
+//! seed, recorded in run.json), `blocking_cli` (accepted and recorded only:
+//! this sender is always open-loop and never waits for a response before
+//! sending the next request), `endpoint` (`"local_openwhisk"` or
+//! `"generic"`, recorded only: an instance with a `url` is sent there, any
+//! other to the gateway), `serverless_platform` (recorded only; FaaSProfiler
+//! never reads it either), `instances` {name: {`application`,
+//! `distribution` (`Poisson`, `Uniform`), `rate` (0: no requests),
+//! `activity_window`, `interarrivals_list`, `data_file`, `param_file`, and the
+//! generic endpoint's `url`, `data` (a JSON body) and `host` (sent as the
+//! Host header)}}, `perf_monitoring` {`runtime_script`, `post_script`; an
+//! empty string, like null, means none}.
+//!
+//! `interarrivals_list` replays inter-arrival times counted from the test's
+//! start, as FaaSProfiler does; `distribution` is then not needed (Poisson
+//! or Uniform are accepted and ignored, as there) and an `activity_window`
+//! keeps the arrivals that fall inside it. A body comes from `data_file`,
+//! else `param_file`, else `data`.
 //!
 //! Extensions: top-level `base_url`, `warmup_in_seconds`, `pause_in_seconds`,
-//! `slo`; per instance `url`, `method`, `headers`, `mix`, `rates`, and the
+//! `slo`; per instance `method`, `headers`, `mix`, `rates`, and the
 //! distributions `Constant`, `Bursty` (`on_seconds`, `off_seconds`) and
-//! `Trace` (`trace_file`).
+//! `Trace` (`trace_file`); `_comment` (ignored) at the top level and in an
+//! instance, since JSON has no comments.
 //!
 //! Relative paths are relative to the configuration file's directory; a
 //! leading `~` expands to $HOME.
 
 use crate::Error;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone)]
@@ -52,6 +75,7 @@ pub struct Instance {
     pub body: Body,
     pub url: Option<String>,
     pub method: String,
+    /// Includes `Host` when the instance gives `host`.
     pub headers: Vec<(String, String)>,
 }
 
@@ -67,7 +91,8 @@ pub enum Distribution {
         on_s: f64,
         off_s: f64,
     },
-    /// Inter-arrival times in seconds, one per line, from the window's start.
+    /// Inter-arrival times in seconds from the window's start (a `trace_file`,
+    /// or an `interarrivals_list` re-based on the window).
     Trace {
         inter_arrivals_s: Vec<f64>,
     },
@@ -86,6 +111,106 @@ pub struct Slo {
     pub max_ms: f64,
 }
 
+// The file as written. Every field is an Option even where `validate`
+// requires it: the rule then gets a message of its own, and `blame` relies
+// on any single key being deserializable alone.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    test_name: Option<String>,
+    test_duration_in_seconds: Option<f64>,
+    random_seed: Option<u64>,
+    blocking_cli: Option<bool>,
+    // Accepted and recorded (in `raw`) only: the leading `_` says so.
+    #[serde(rename = "endpoint")]
+    _endpoint: Option<Endpoint>,
+    #[serde(rename = "serverless_platform")]
+    _serverless_platform: Option<IgnoredAny>,
+    // Sorted by name, which is the order instances have always had.
+    instances: Option<BTreeMap<String, Obj<FileInstance>>>,
+    perf_monitoring: Option<Obj<FilePerfMonitoring>>,
+    base_url: Option<String>,
+    warmup_in_seconds: Option<f64>,
+    pause_in_seconds: Option<f64>,
+    slo: Option<Obj<FileSlo>>,
+    #[serde(rename = "_comment")]
+    _comment: Option<IgnoredAny>,
+}
+
+/// Where FaaSProfiler sends requests; only checked and recorded here.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Endpoint {
+    LocalOpenwhisk,
+    Generic,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileInstance {
+    application: Option<String>,
+    distribution: Option<DistributionName>,
+    rate: Option<f64>,
+    activity_window: Option<[f64; 2]>,
+    interarrivals_list: Option<Vec<f64>>,
+    data_file: Option<String>,
+    param_file: Option<String>,
+    url: Option<String>,
+    data: Option<Value>,
+    host: Option<String>,
+    mix: Option<Vec<Obj<FileMixItem>>>,
+    rates: Option<Vec<f64>>,
+    method: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
+    on_seconds: Option<f64>,
+    off_seconds: Option<f64>,
+    trace_file: Option<String>,
+    #[serde(rename = "_comment")]
+    _comment: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+enum DistributionName {
+    Poisson,
+    Uniform,
+    Constant,
+    Bursty,
+    Trace,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileMixItem {
+    application: Option<String>,
+    weight: Option<f64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FilePerfMonitoring {
+    runtime_script: Option<String>,
+    post_script: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSlo {
+    percentile: Option<f64>,
+    max_ms: Option<f64>,
+}
+
+/// A struct from a JSON object only: serde's derive would also take an
+/// array of the field values in order, which nobody writes on purpose.
+struct Obj<T>(T);
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let m = Map::<String, Value>::deserialize(d)?;
+        T::deserialize(Value::Object(m)).map(Obj).map_err(serde::de::Error::custom)
+    }
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, Error> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::Io(format!("reading {}", path.display()), e))?;
@@ -96,71 +221,12 @@ impl Config {
 
     /// Parses and validates; files named in the config are read from `dir`.
     pub fn parse(text: &str, dir: &Path) -> Result<Config, Error> {
-        let raw: Value = serde_json::from_str(text).map_err(|e| Error::Config(format!("not valid JSON: {e}")))?;
-        let top = raw.as_object().ok_or_else(|| cfg("the configuration must be a JSON object"))?;
-        let test_name = req_str(top, "test_name", "")?.to_string();
-        if test_name.is_empty() || test_name.contains('/') {
-            return Err(cfg("test_name must be a non-empty name without '/'"));
+        let raw: Value = serde_json::from_str(text).map_err(|e| cfg(&format!("not valid JSON: {e}")))?;
+        if !raw.is_object() {
+            return Err(cfg("the configuration must be a JSON object"));
         }
-        let duration_s = positive(top, "test_duration_in_seconds", "")?
-            .ok_or_else(|| cfg("test_duration_in_seconds is required"))?;
-        let random_seed = match top.get("random_seed") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_u64().ok_or_else(|| cfg("random_seed must be a non-negative integer or null"))?),
-        };
-        let blocking_cli = match top.get("blocking_cli") {
-            None | Some(Value::Null) => false,
-            Some(v) => v.as_bool().ok_or_else(|| cfg("blocking_cli must be true or false"))?,
-        };
-        let base_url = opt_str(top, "base_url", "")?.map(str::to_string);
-        let warmup_s = non_negative(top, "warmup_in_seconds")?;
-        let pause_s = non_negative(top, "pause_in_seconds")?;
-        let insts = top
-            .get("instances")
-            .and_then(Value::as_object)
-            .ok_or_else(|| cfg("instances must be an object of named instances"))?;
-        if insts.is_empty() {
-            return Err(cfg("instances is empty"));
-        }
-        let mut instances = Vec::new();
-        for (name, v) in insts {
-            instances.push(Instance::parse(name, v, dir, duration_s)?);
-        }
-        let (runtime_script, post_script) = match top.get("perf_monitoring") {
-            None | Some(Value::Null) => (None, None),
-            Some(Value::Object(m)) => (
-                opt_str(m, "runtime_script", "perf_monitoring.")?.map(|s| resolve(dir, s)),
-                opt_str(m, "post_script", "perf_monitoring.")?.map(|s| resolve(dir, s)),
-            ),
-            Some(_) => return Err(cfg("perf_monitoring must be an object")),
-        };
-        let slo = match top.get("slo") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(m)) => {
-                let percentile = m.get("percentile").and_then(Value::as_f64).unwrap_or(99.0);
-                if !(0.0..=100.0).contains(&percentile) {
-                    return Err(cfg("slo.percentile must be in [0, 100]"));
-                }
-                let max_ms = positive(m, "max_ms", "slo.")?.ok_or_else(|| cfg("slo.max_ms is required"))?;
-                Some(Slo { percentile, max_ms })
-            }
-            Some(_) => return Err(cfg("slo must be an object {\"percentile\": 99, \"max_ms\": X}")),
-        };
-        Ok(Config {
-            raw: raw.clone(),
-            dir: dir.to_path_buf(),
-            test_name,
-            duration_s,
-            random_seed,
-            blocking_cli,
-            base_url,
-            warmup_s,
-            pause_s,
-            instances,
-            runtime_script,
-            post_script,
-            slo,
-        })
+        let file: FileConfig = typed(&raw)?;
+        file.validate(raw, dir)
     }
 
     /// Phases in the test: the longest `rates` list (1 without sweeps).
@@ -180,108 +246,263 @@ impl Config {
     }
 }
 
-impl Instance {
-    fn parse(name: &str, v: &Value, dir: &Path, duration_s: f64) -> Result<Instance, Error> {
-        let m = v.as_object().ok_or_else(|| cfg(&format!("instance {name}: must be an object")))?;
-        let at = format!("instances.{name}.");
-        let err = |msg: &str| cfg(&format!("instance {name}: {msg}"));
-        let mix = match (m.get("application"), m.get("mix")) {
-            (Some(Value::String(a)), None) => vec![(a.clone(), 1.0)],
-            (None, Some(Value::Array(items))) => parse_mix(items).map_err(|e| err(&e))?,
-            (Some(_), Some(_)) => return Err(err("give either application or mix, not both")),
-            (Some(_), None) => return Err(err("application must be a string")),
-            _ => return Err(err("application (a function name) or mix is required")),
-        };
-        let dist_name = req_str(m, "distribution", &at)?;
-        let distribution = match dist_name {
-            "Poisson" => Distribution::Poisson,
-            "Uniform" => Distribution::Uniform,
-            "Constant" => Distribution::Constant,
-            "Bursty" => Distribution::Bursty {
-                on_s: positive(m, "on_seconds", &at)?.ok_or_else(|| err("Bursty needs on_seconds"))?,
-                off_s: non_negative(m, "off_seconds")?,
-            },
-            "Trace" => {
-                let f = req_str(m, "trace_file", &at)?;
-                Distribution::Trace { inter_arrivals_s: read_trace(&resolve(dir, f)).map_err(|e| err(&e))? }
-            }
-            d => return Err(err(&format!("unknown distribution {d:?} (Poisson, Uniform, Constant, Bursty, Trace)"))),
-        };
-        let rates = match (m.get("rate"), m.get("rates")) {
-            (_, Some(Value::Array(rs))) => {
-                let rs: Option<Vec<f64>> = rs.iter().map(|r| r.as_f64().filter(|x| *x > 0.0)).collect();
-                rs.filter(|r| !r.is_empty()).ok_or_else(|| err("rates must be a non-empty list of positive numbers"))?
-            }
-            (Some(r), None) => vec![r.as_f64().filter(|x| *x > 0.0).ok_or_else(|| err("rate must be positive"))?],
-            (None, None) if matches!(distribution, Distribution::Trace { .. }) => vec![0.0],
-            _ => return Err(err("rate (requests per second) is required")),
-        };
-        let window = match m.get("activity_window") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(w)) if w.len() == 2 => {
-                let (a, b) = (w[0].as_f64(), w[1].as_f64());
-                match (a, b) {
-                    (Some(a), Some(b)) if 0.0 <= a && a < b && b <= duration_s => Some((a, b)),
-                    _ => {
-                        return Err(err(&format!(
-                            "activity_window must be [start, end] with 0 <= start < end <= {duration_s}"
-                        )))
-                    }
-                }
-            }
-            Some(_) => return Err(err("activity_window must be [start, end] or null")),
-        };
-        let body = if let Some(f) = opt_str(m, "data_file", &at)? {
-            let p = resolve(dir, f);
-            Body::Bytes(std::fs::read(&p).map_err(|e| err(&format!("data_file {}: {e}", p.display())))?)
-        } else if let Some(f) = opt_str(m, "param_file", &at)? {
-            let p = resolve(dir, f);
-            let text = std::fs::read(&p).map_err(|e| err(&format!("param_file {}: {e}", p.display())))?;
-            match serde_json::from_slice::<Value>(&text) {
-                Ok(Value::Object(_)) => Body::Json(text),
-                _ => return Err(err(&format!("param_file {} must hold a JSON object", p.display()))),
-            }
-        } else {
-            Body::Empty
-        };
-        let method = opt_str(m, "method", &at)?.unwrap_or("POST").to_ascii_uppercase();
-        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(err("method must be an HTTP method name"));
-        }
-        let headers = match m.get("headers") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Object(h)) => h
-                .iter()
-                .map(|(k, v)| match v.as_str() {
-                    Some(s) if !s.contains(['\r', '\n']) && !k.contains([':', '\r', '\n']) => Ok((k.clone(), s.into())),
-                    _ => Err(err(&format!("header {k:?} must be a single-line string"))),
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(err("headers must be an object of strings")),
-        };
-        let url = opt_str(m, "url", &at)?.map(str::to_string);
-        Ok(Instance { name: name.into(), mix, distribution, rates, window, body, url, method, headers })
+impl FileConfig {
+    fn validate(self, raw: Value, dir: &Path) -> Result<Config, Error> {
+        // Spelled out so that a key added to FileConfig must be handled here.
+        let FileConfig {
+            test_name,
+            test_duration_in_seconds,
+            random_seed,
+            blocking_cli,
+            _endpoint,
+            _serverless_platform,
+            instances,
+            perf_monitoring,
+            base_url,
+            warmup_in_seconds,
+            pause_in_seconds,
+            slo,
+            _comment,
+        } = self;
+        let test_name = check_test_name(test_name)?;
+        let duration = test_duration_in_seconds.ok_or_else(|| cfg("test_duration_in_seconds is required"))?;
+        let duration_s = positive(duration, "test_duration_in_seconds")?;
+        let warmup_s = non_negative(warmup_in_seconds, "warmup_in_seconds")?;
+        let pause_s = non_negative(pause_in_seconds, "pause_in_seconds")?;
+        let instances = validate_instances(instances, dir, duration_s)?;
+        let perf = perf_monitoring.map(|p| p.0).unwrap_or_default();
+        let slo = slo.map(|s| s.0.validate()).transpose()?;
+        Ok(Config {
+            raw,
+            dir: dir.to_path_buf(),
+            test_name,
+            duration_s,
+            random_seed,
+            blocking_cli: blocking_cli.unwrap_or(false),
+            base_url,
+            warmup_s,
+            pause_s,
+            instances,
+            runtime_script: script(perf.runtime_script, dir),
+            post_script: script(perf.post_script, dir),
+            slo,
+        })
     }
 }
 
-fn parse_mix(items: &[Value]) -> Result<Vec<(String, f64)>, String> {
+fn check_test_name(name: Option<String>) -> Result<String, Error> {
+    let name = name.ok_or_else(|| cfg("test_name is required"))?;
+    // It names the run directory.
+    if name.is_empty() || name.contains('/') {
+        return Err(cfg("test_name must be a non-empty name without '/'"));
+    }
+    Ok(name)
+}
+
+fn validate_instances(
+    instances: Option<BTreeMap<String, Obj<FileInstance>>>,
+    dir: &Path,
+    duration_s: f64,
+) -> Result<Vec<Instance>, Error> {
+    let instances = instances.ok_or_else(|| cfg("instances (an object of named instances) is required"))?;
+    if instances.is_empty() {
+        return Err(cfg("instances is empty"));
+    }
+    instances
+        .into_iter()
+        .map(|(name, i)| i.0.validate(&name, dir, duration_s).map_err(|e| within(&format!("instance {name}"), e)))
+        .collect()
+}
+
+/// FaaSProfiler runs a script only when the field is truthy, so "" is none too.
+fn script(path: Option<String>, dir: &Path) -> Option<PathBuf> {
+    path.filter(|p| !p.is_empty()).map(|p| resolve(dir, &p))
+}
+
+impl FileSlo {
+    fn validate(self) -> Result<Slo, Error> {
+        let percentile = self.percentile.unwrap_or(99.0);
+        if !(0.0..=100.0).contains(&percentile) {
+            return Err(cfg("slo.percentile must be in [0, 100]"));
+        }
+        let max_ms = positive(self.max_ms.ok_or_else(|| cfg("slo.max_ms is required"))?, "slo.max_ms")?;
+        Ok(Slo { percentile, max_ms })
+    }
+}
+
+// Instance rules. `validate_instances` prefixes errors with the instance's name.
+impl FileInstance {
+    fn validate(self, name: &str, dir: &Path, duration_s: f64) -> Result<Instance, Error> {
+        let mix = self.mix()?;
+        let window = self.window(duration_s)?;
+        let distribution = self.distribution(dir, window)?;
+        let rates = self.rates(matches!(distribution, Distribution::Trace { .. }))?;
+        let body = self.body(dir)?;
+        let method = self.method()?;
+        let headers = self.headers()?;
+        Ok(Instance { name: name.into(), mix, distribution, rates, window, body, url: self.url, method, headers })
+    }
+
+    fn mix(&self) -> Result<Vec<(String, f64)>, Error> {
+        match (&self.application, &self.mix) {
+            (Some(a), None) => Ok(vec![(a.clone(), 1.0)]),
+            (None, Some(items)) => validate_mix(items),
+            (Some(_), Some(_)) => Err(cfg("give either application or mix, not both")),
+            (None, None) => Err(cfg("application (a function name) or mix is required")),
+        }
+    }
+
+    fn window(&self, duration_s: f64) -> Result<Option<(f64, f64)>, Error> {
+        match self.activity_window {
+            None => Ok(None),
+            Some([a, b]) if 0.0 <= a && a < b && b <= duration_s => Ok(Some((a, b))),
+            Some(_) => Err(Error::Config(format!(
+                "activity_window must be [start, end] with 0 <= start < end <= {duration_s}"
+            ))),
+        }
+    }
+
+    fn distribution(&self, dir: &Path, window: Option<(f64, f64)>) -> Result<Distribution, Error> {
+        if let Some(list) = &self.interarrivals_list {
+            return self.inline_trace(list, window);
+        }
+        let name = self.distribution.ok_or_else(|| {
+            cfg("distribution (Poisson, Uniform, Constant, Bursty, Trace) or interarrivals_list is required")
+        })?;
+        Ok(match name {
+            DistributionName::Poisson => Distribution::Poisson,
+            DistributionName::Uniform => Distribution::Uniform,
+            DistributionName::Constant => Distribution::Constant,
+            DistributionName::Bursty => Distribution::Bursty {
+                on_s: positive(self.on_seconds.ok_or_else(|| cfg("Bursty needs on_seconds"))?, "on_seconds")?,
+                off_s: non_negative(self.off_seconds, "off_seconds")?,
+            },
+            DistributionName::Trace => {
+                let f = self.trace_file.as_deref().ok_or_else(|| cfg("Trace needs trace_file"))?;
+                Distribution::Trace { inter_arrivals_s: read_trace(&resolve(dir, f))? }
+            }
+        })
+    }
+
+    fn inline_trace(&self, list: &[f64], window: Option<(f64, f64)>) -> Result<Distribution, Error> {
+        // FaaSProfiler's checker allows only these two next to a list, and
+        // its generator then ignores them.
+        if !matches!(self.distribution, None | Some(DistributionName::Poisson | DistributionName::Uniform)) {
+            return Err(cfg("interarrivals_list replaces distribution: give one of them"));
+        }
+        if !list.iter().all(|x| x.is_finite() && *x >= 0.0) {
+            return Err(cfg("interarrivals_list must hold non-negative numbers of seconds"));
+        }
+        Ok(Distribution::Trace { inter_arrivals_s: rebase(list, window) })
+    }
+
+    fn rates(&self, trace: bool) -> Result<Vec<f64>, Error> {
+        // A sweep's `rates` wins over `rate` when both are given.
+        if let Some(rs) = &self.rates {
+            if rs.is_empty() || !rs.iter().all(|r| r.is_finite() && *r > 0.0) {
+                return Err(cfg("rates must be a non-empty list of positive numbers"));
+            }
+            return Ok(rs.clone());
+        }
+        match self.rate {
+            // FaaSProfiler documents rate 0 as "no invocations".
+            Some(r) => Ok(vec![non_negative(Some(r), "rate")?]),
+            // A trace's own times set its rate; 0 is what the records show.
+            None if trace => Ok(vec![0.0]),
+            None => Err(cfg("rate (requests per second) is required")),
+        }
+    }
+
+    fn body(&self, dir: &Path) -> Result<Body, Error> {
+        if let Some(f) = &self.data_file {
+            let p = resolve(dir, f);
+            return std::fs::read(&p)
+                .map(Body::Bytes)
+                .map_err(|e| Error::Config(format!("data_file {}: {e}", p.display())));
+        }
+        if let Some(f) = &self.param_file {
+            return read_param_file(&resolve(dir, f));
+        }
+        match &self.data {
+            Some(d) => serde_json::to_vec(d).map(Body::Json).map_err(|e| Error::Config(format!("data: {e}"))),
+            None => Ok(Body::Empty),
+        }
+    }
+
+    fn method(&self) -> Result<String, Error> {
+        let method = self.method.as_deref().unwrap_or("POST").to_ascii_uppercase();
+        if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(cfg("method must be an HTTP method name"));
+        }
+        Ok(method)
+    }
+
+    /// `headers` in name order, then `host` as the Host header.
+    fn headers(&self) -> Result<Vec<(String, String)>, Error> {
+        let mut out = Vec::new();
+        for (k, v) in self.headers.iter().flatten() {
+            // Each becomes one line of the request head.
+            if v.contains(['\r', '\n']) || k.contains([':', '\r', '\n']) {
+                return Err(Error::Config(format!("header {k:?} must be a single-line string")));
+            }
+            out.push((k.clone(), v.clone()));
+        }
+        if let Some(h) = &self.host {
+            if h.contains(['\r', '\n']) {
+                return Err(cfg("host must be a single-line string"));
+            }
+            if out.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+                return Err(cfg("give either host or a Host header, not both"));
+            }
+            out.push(("Host".into(), h.clone()));
+        }
+        Ok(out)
+    }
+}
+
+fn validate_mix(items: &[Obj<FileMixItem>]) -> Result<Vec<(String, f64)>, Error> {
     let mut mix = Vec::new();
-    for it in items {
-        let app = it.get("application").and_then(Value::as_str);
-        let w = it.get("weight").map_or(Some(1.0), Value::as_f64);
-        match (app, w) {
-            (Some(a), Some(w)) if w > 0.0 => mix.push((a.to_string(), w)),
-            _ => return Err("mix items must be {\"application\": name, \"weight\": positive number}".into()),
+    for Obj(it) in items {
+        match (&it.application, it.weight.unwrap_or(1.0)) {
+            (Some(a), w) if w > 0.0 && w.is_finite() => mix.push((a.clone(), w)),
+            _ => return Err(cfg("mix items must be {\"application\": name, \"weight\": positive number}")),
         }
     }
     if mix.is_empty() {
-        return Err("mix is empty".into());
+        return Err(cfg("mix is empty"));
     }
     Ok(mix)
 }
 
-fn read_trace(p: &Path) -> Result<Vec<f64>, String> {
-    let text = std::fs::read_to_string(p).map_err(|e| format!("trace_file {}: {e}", p.display()))?;
+/// FaaSProfiler counts an `interarrivals_list` from the test's start and
+/// keeps the arrivals inside the activity window; `Distribution::Trace`
+/// counts from the window's start, so the kept times are re-based on it.
+fn rebase(inter_arrivals_s: &[f64], window: Option<(f64, f64)>) -> Vec<f64> {
+    let Some((start, end)) = window else { return inter_arrivals_s.to_vec() };
+    let (mut t, mut prev, mut out) = (0.0, start, Vec::new());
+    for ia in inter_arrivals_s {
+        t += ia;
+        if t >= end {
+            break;
+        }
+        if t >= start {
+            out.push(t - prev);
+            prev = t;
+        }
+    }
+    out
+}
+
+fn read_param_file(p: &Path) -> Result<Body, Error> {
+    let text = std::fs::read(p).map_err(|e| Error::Config(format!("param_file {}: {e}", p.display())))?;
+    match serde_json::from_slice::<Value>(&text) {
+        Ok(Value::Object(_)) => Ok(Body::Json(text)),
+        _ => Err(Error::Config(format!("param_file {} must hold a JSON object", p.display()))),
+    }
+}
+
+fn read_trace(p: &Path) -> Result<Vec<f64>, Error> {
+    let text = std::fs::read_to_string(p).map_err(|e| Error::Config(format!("trace_file {}: {e}", p.display())))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -291,7 +512,11 @@ fn read_trace(p: &Path) -> Result<Vec<f64>, String> {
         match line.parse::<f64>() {
             Ok(x) if x >= 0.0 && x.is_finite() => out.push(x),
             _ => {
-                return Err(format!("trace_file {} line {}: {line:?} is not a non-negative number", p.display(), i + 1))
+                return Err(Error::Config(format!(
+                    "trace_file {} line {}: {line:?} is not a non-negative number",
+                    p.display(),
+                    i + 1
+                )))
             }
         }
     }
@@ -317,35 +542,84 @@ fn cfg(msg: &str) -> Error {
     Error::Config(msg.to_string())
 }
 
-fn req_str<'a>(m: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, Error> {
-    opt_str(m, key, at)?.ok_or_else(|| cfg(&format!("{at}{key} is required")))
-}
-
-fn opt_str<'a>(m: &'a Map<String, Value>, key: &str, at: &str) -> Result<Option<&'a str>, Error> {
-    match m.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(cfg(&format!("{at}{key} must be a string"))),
+/// A configuration error with where it was found in front: `instance a: …`.
+fn within(at: &str, e: Error) -> Error {
+    match e {
+        Error::Config(m) => Error::Config(format!("{at}: {m}")),
+        other => other,
     }
 }
 
-fn positive(m: &Map<String, Value>, key: &str, at: &str) -> Result<Option<f64>, Error> {
-    match m.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_f64() {
-            Some(x) if x > 0.0 && x.is_finite() => Ok(Some(x)),
-            _ => Err(cfg(&format!("{at}{key} must be a positive number"))),
-        },
+fn positive(x: f64, what: &str) -> Result<f64, Error> {
+    if x > 0.0 && x.is_finite() {
+        Ok(x)
+    } else {
+        Err(Error::Config(format!("{what} must be a positive number")))
     }
 }
 
-fn non_negative(m: &Map<String, Value>, key: &str) -> Result<f64, Error> {
-    match m.get(key) {
-        None | Some(Value::Null) => Ok(0.0),
-        Some(v) => match v.as_f64() {
-            Some(x) if x >= 0.0 && x.is_finite() => Ok(x),
-            _ => Err(cfg(&format!("{key} must be a non-negative number"))),
-        },
+/// Not given is 0.
+fn non_negative(x: Option<f64>, what: &str) -> Result<f64, Error> {
+    match x {
+        None => Ok(0.0),
+        Some(x) if x >= 0.0 && x.is_finite() => Ok(x),
+        Some(_) => Err(Error::Config(format!("{what} must be a non-negative number"))),
+    }
+}
+
+/// The document as `T`; when serde refuses it, the message names the key.
+fn typed<T: DeserializeOwned>(doc: &Value) -> Result<T, Error> {
+    T::deserialize(doc).map_err(|e| {
+        let mut path = Vec::new();
+        match blame::<T>(doc, &|v| v, &mut path) {
+            Some(inner) => cfg(&describe(&path, &inner.to_string())),
+            None => cfg(&e.to_string()),
+        }
+    })
+}
+
+/// serde names an unknown key but not the key whose value has the wrong
+/// type. Every field of the `File*` structs is optional, so a document
+/// holding only the path down to one key fails exactly when that key is at
+/// fault: try each key alone (`wrap` rebuilds the path above it) and
+/// descend into the one that fails. Pushes the keys of its path.
+fn blame<T: DeserializeOwned>(
+    v: &Value,
+    wrap: &dyn Fn(Value) -> Value,
+    path: &mut Vec<String>,
+) -> Option<serde_json::Error> {
+    let Value::Object(m) = v else { return None };
+    for (k, sub) in m {
+        let alone = |inner: Value| wrap(Value::Object(Map::from_iter([(k.clone(), inner)])));
+        let Err(e) = T::deserialize(alone(sub.clone())) else { continue };
+        path.push(k.clone());
+        // Only where an object is welcome can the fault be deeper; else this
+        // value is the wrong type as a whole.
+        if T::deserialize(alone(Value::Object(Map::new()))).is_ok() {
+            if let Some(inner) = blame::<T>(sub, &alone, path) {
+                return Some(inner);
+            }
+        }
+        return Some(e);
+    }
+    None
+}
+
+/// `instance a: rate: invalid type ...`; an unknown key, which serde's
+/// message names already, is reported at its parent.
+fn describe(path: &[String], msg: &str) -> String {
+    let path = match path.split_last() {
+        Some((last, parent)) if msg.starts_with(&format!("unknown field `{last}`")) => parent,
+        _ => path,
+    };
+    let (head, rest) = match path {
+        [top, name, rest @ ..] if top == "instances" => (format!("instance {name}: "), rest),
+        _ => (String::new(), path),
+    };
+    if rest.is_empty() {
+        format!("{head}{msg}")
+    } else {
+        format!("{head}{}: {msg}", rest.join("."))
     }
 }
 
@@ -464,14 +738,235 @@ mod tests {
         assert!(parse_err(r#"{"test_duration_in_seconds":1,"instances":{}}"#).contains("test_name is required"));
         assert!(parse_err(r#"{"test_name":"t","instances":{}}"#).contains("test_duration_in_seconds"));
         assert!(parse_err(&base(r#"{"application":"f","distribution":"Gauss","rate":1}"#))
-            .contains("unknown distribution \"Gauss\""));
+            .contains("instance a: distribution: unknown variant `Gauss`, expected one of `Poisson`, `Uniform`"));
         assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson"}"#)).contains("rate"));
         assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":-1}"#))
-            .contains("rate must be positive"));
+            .contains("instance a: rate must be a non-negative number"));
         assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":1,"activity_window":[5,50]}"#))
             .contains("activity_window"));
         assert!(parse_err(&base(r#"{"distribution":"Poisson","rate":1}"#)).contains("application"));
         assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":1,"data_file":"nope.bin"}"#))
             .contains("instance a: data_file /nonexistent/nope.bin"));
+    }
+
+    #[test]
+    fn misspelled_keys_are_named() {
+        let e = parse_err(r#"{"test_name":"t","test_duraton_in_seconds":10,"instances":{}}"#);
+        assert!(e.starts_with("invalid workload configuration: unknown field `test_duraton_in_seconds`, expected one of `test_name`, `test_duration_in_seconds`"), "{e}");
+        let e = parse_err(
+            r#"{"test_name":"t","test_duration_in_seconds":10,"instances":{"a":{"application":"f","distribution":"Poisson","rats":1}}}"#,
+        );
+        assert!(
+            e.contains("instance a: unknown field `rats`, expected one of `application`, `distribution`, `rate`"),
+            "{e}"
+        );
+        let e = parse_err(
+            r#"{"test_name":"t","test_duration_in_seconds":10,"perf_monitoring":{"runtime_scirpt":"m.sh"},
+                "instances":{"a":{"application":"f","distribution":"Poisson","rate":1}}}"#,
+        );
+        assert!(
+            e.contains("perf_monitoring: unknown field `runtime_scirpt`, expected `runtime_script` or `post_script`"),
+            "{e}"
+        );
+        let e = parse_err(
+            r#"{"test_name":"t","test_duration_in_seconds":10,"slo":{"p":99,"max_ms":5},
+                "instances":{"a":{"application":"f","distribution":"Poisson","rate":1}}}"#,
+        );
+        assert!(e.contains("slo: unknown field `p`, expected `percentile` or `max_ms`"), "{e}");
+        let e = parse_err(
+            r#"{"test_name":"t","test_duration_in_seconds":10,
+                "instances":{"a":{"mix":[{"application":"f","wieght":2}],"distribution":"Poisson","rate":1}}}"#,
+        );
+        assert!(e.contains("instance a: mix: unknown field `wieght`, expected `application` or `weight`"), "{e}");
+    }
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let base =
+            |inst: &str| format!(r#"{{"test_name":"t","test_duration_in_seconds":10,"instances":{{"a":{inst}}}}}"#);
+        let e = parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":"fast"}"#));
+        assert!(e.contains(r#"instance a: rate: invalid type: string "fast", expected f64"#), "{e}");
+        let e = parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":1,"headers":{"x":5}}"#));
+        assert!(e.contains("instance a: headers.x: invalid type: integer `5`, expected a string"), "{e}");
+        let e = parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":1,"activity_window":[1,2,3]}"#));
+        assert!(e.contains("instance a: activity_window: invalid length 3"), "{e}");
+        let e = parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":{"x":1}}"#));
+        assert!(e.contains("instance a: rate: invalid type: map, expected f64"), "{e}");
+        let e = parse_err(&base(r#"["f"]"#));
+        assert!(e.contains("instance a: invalid type: sequence, expected a map"), "{e}");
+        let e = parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"random_seed":-1,"instances":{}}"#);
+        assert!(e.contains("random_seed: invalid value: integer `-1`, expected u64"), "{e}");
+        let e = parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"endpoint":"aws","instances":{}}"#);
+        assert!(e.contains("endpoint: unknown variant `aws`, expected `local_openwhisk` or `generic`"), "{e}");
+        let e = parse_err(
+            r#"{"test_name":"t","test_duration_in_seconds":10,"perf_monitoring":{"runtime_script":5},"instances":{}}"#,
+        );
+        assert!(e.contains("perf_monitoring.runtime_script: invalid type: integer `5`, expected a string"), "{e}");
+        assert!(parse_err("[1]").contains("the configuration must be a JSON object"));
+        // serde's derive would take a struct as an array of its fields in order.
+        let e = parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"slo":[99,5],"instances":{}}"#);
+        assert!(e.contains("slo: invalid type: sequence, expected a map"), "{e}");
+        let e = parse_err(&base(r#"{"mix":[["f",2]],"distribution":"Poisson","rate":1}"#));
+        assert!(e.contains("instance a: mix: invalid type: sequence, expected a map"), "{e}");
+    }
+
+    fn instance<'a>(c: &'a Config, name: &str) -> &'a Instance {
+        c.instances.iter().find(|i| i.name == name).unwrap()
+    }
+
+    /// The shapes of the example configs in FaaSProfiler's repository
+    /// (PrincetonUniversity/faas-profiler): workload_configs.json (2019, with
+    /// a window next to a list), workload_configs_local_openwhisk.json and
+    /// tests/test_data/sample_workload_configs.json (the same instances),
+    /// workload_configs_generic_endpoint.json, tests/test_data/
+    /// stress_test_workload.json, tests/test_data/test_data_run_config.json,
+    /// workload_config_IAT_rep.json and workload_configs_IAT_rpc_2.json (trace
+    /// replay with `serverless_platform` and `host`), and the instances
+    /// scalability_experiments/code/scalability_json_generator.py writes.
+    #[test]
+    fn faasprofiler_example_shapes_parse() {
+        let d = tmpdir("fp");
+        std::fs::write(d.join("param_file.json"), r#"{"n": 30}"#).unwrap();
+        let perf = r#""perf_monitoring":{"runtime_script":"monitoring/RuntimeMonitoring.sh","post_script":null}"#;
+        let openwhisk = |endpoint: &str, window3: &str| {
+            format!(
+                r#"{{"test_name":"example_test","test_duration_in_seconds":15,"random_seed":100,"blocking_cli":false,{endpoint}
+                "instances":{{
+                  "instance1":{{"application":"example_app1","distribution":"Poisson","rate":25,"activity_window":[5,10]}},
+                  "instance2":{{"application":"example_app1","distribution":"Uniform","rate":10,"activity_window":[5,10]}},
+                  "instance3":{{"application":"example_app2","interarrivals_list":[5,0.13,0.15,0.8,0.1,0.13,0.13,0.1,0.4]{window3}}},
+                  "instance4":{{"application":"example_app3","param_file":"param_file.json","distribution":"Poisson","rate":55,"activity_window":[5,10]}}}},
+                {perf}}}"#
+            )
+        };
+        for text in [
+            openwhisk("", ""),
+            openwhisk(r#""endpoint":"local_openwhisk","#, ""),
+            openwhisk("", r#","activity_window":[5,10]"#),
+        ] {
+            let c = Config::parse(&text, &d).unwrap();
+            assert_eq!(c.instances.len(), 4);
+            let i3 = instance(&c, "instance3");
+            assert!(
+                matches!(&i3.distribution, Distribution::Trace { inter_arrivals_s } if inter_arrivals_s.len() == 9)
+            );
+            assert_eq!(i3.rates, vec![0.0]);
+            assert_eq!(instance(&c, "instance4").body, Body::Json(br#"{"n": 30}"#.to_vec()));
+            assert_eq!(c.runtime_script, Some(d.join("monitoring/RuntimeMonitoring.sh")));
+            assert_eq!(c.post_script, None);
+        }
+
+        let generic = format!(
+            r#"{{"test_name":"example_test","test_duration_in_seconds":15,"random_seed":100,"blocking_cli":false,"endpoint":"generic",
+            "instances":{{
+              "instance1":{{"application":"example_app1","url":"https://fn.example/app1","data":{{"message":"sample.png"}},
+                           "distribution":"Uniform","rate":1,"activity_window":[5,10]}},
+              "instance2":{{"application":"example_app2_json_data","url":"https://fn.example/app2",
+                           "data":{{"argument":"{{\"fileName\":\"test.mp4\"}}"}},"distribution":"Uniform","rate":5,"activity_window":[5,10]}},
+              "instance3":{{"application":"example_app3_json_data_complex","url":"https://fn.example/sfn",
+                           "data":{{"input":"{{\"input_image\": \"logo.jpg\"}}","stateMachineArn":"arn:x"}},
+                           "distribution":"Poisson","rate":10,"activity_window":[5,10]}}}},
+            {perf}}}"#
+        );
+        let c = Config::parse(&generic, &d).unwrap();
+        let i1 = instance(&c, "instance1");
+        assert_eq!(i1.url.as_deref(), Some("https://fn.example/app1"));
+        assert_eq!(i1.body, Body::Json(br#"{"message":"sample.png"}"#.to_vec()));
+
+        let stress = r#"{"test_name":"example_test","test_duration_in_seconds":15,"random_seed":100,"blocking_cli":false,
+            "endpoint":"generic","instances":{"instance1":{"application":"example_app1","url":"https://127.0.0.1","data":{},
+            "distribution":"Uniform","rate":2,"activity_window":[5,15]}},
+            "perf_monitoring":{"runtime_script":null,"post_script":null}}"#;
+        let c = Config::parse(stress, &d).unwrap();
+        assert_eq!(c.instances[0].body, Body::Json(b"{}".to_vec()));
+        assert_eq!((c.runtime_script.as_ref(), c.post_script.as_ref()), (None, None));
+
+        let run_config = format!(
+            r#"{{"test_name":"test_data_run","test_duration_in_seconds":20,"random_seed":100,"blocking_cli":false,
+            "instances":{{"instance1":{{"application":"primes-python","distribution":"Uniform","rate":1.5,"activity_window":[5,15]}}}},{perf}}}"#
+        );
+        assert_eq!(Config::parse(&run_config, &d).unwrap().instances[0].rates, vec![1.5]);
+
+        let iat_rep = r#"{"test_name":"example_test","test_duration_in_seconds":5760,"random_seed":100,"blocking_cli":false,
+            "endpoint":"generic","serverless_platform":"generic","instances":{
+              "instance_0":{"application":"application-d887b445","url":"http://application-d887b445.default.172.18.255.1.sslip.io/hello",
+                            "host":"application-d887b445.default.172.18.255.1.sslip.io","data":{},
+                            "interarrivals_list":[1.0,0.09093333333333338,479.9090666666667]}},
+            "perf_monitoring":{"runtime_script":null,"post_script":null}}"#;
+        let c = Config::parse(iat_rep, &d).unwrap();
+        let i0 = &c.instances[0];
+        assert_eq!(i0.headers, vec![("Host".into(), "application-d887b445.default.172.18.255.1.sslip.io".into())]);
+        assert_eq!(
+            i0.distribution,
+            Distribution::Trace { inter_arrivals_s: vec![1.0, 0.09093333333333338, 479.9090666666667] }
+        );
+
+        let scalability = format!(
+            r#"{{"test_name":"example_test","test_duration_in_seconds":125,"random_seed":100,"blocking_cli":false,"endpoint":"generic",
+            "instances":{{"instance0":{{"application":"scalability0","url":"http://10.233.26.231:5000/forecast/app0",
+                "host":"http://10.233.26.231","data":{{"conc_trace":[0.08,0,0.5],"forecast_window":1}},
+                "distribution":"Uniform","rate":1,"activity_window":[0,121]}}}},{perf}}}"#
+        );
+        let c = Config::parse(&scalability, &d).unwrap();
+        assert_eq!(c.instances[0].body, Body::Json(br#"{"conc_trace":[0.08,0,0.5],"forecast_window":1}"#.to_vec()));
+    }
+
+    #[test]
+    fn repo_examples_parse() {
+        for text in [
+            include_str!("../../../examples/workloads/latency-modes.json"),
+            include_str!("../../../examples/workloads/nightcore-table1.json"),
+        ] {
+            let c = Config::parse(text, Path::new(".")).unwrap();
+            assert!(c.raw["_comment"].is_string());
+        }
+        let sample: Value =
+            serde_json::from_str(include_str!("../../../examples/workloads/faasprofiler-sample.json")).unwrap();
+        assert_eq!(sample, serde_json::from_str::<Value>(LISTING_1).unwrap(), "listing_1_parses_verbatim covers it");
+    }
+
+    #[test]
+    fn nulls_and_empty_scripts_mean_absent() {
+        let c = Config::parse(
+            r#"{"test_name":"t","test_duration_in_seconds":2,"random_seed":null,"blocking_cli":null,"endpoint":null,
+                "base_url":null,"warmup_in_seconds":null,"pause_in_seconds":null,"slo":null,"_comment":null,
+                "perf_monitoring":{"runtime_script":"","post_script":null},
+                "instances":{"a":{"application":null,"mix":[{"application":"f","weight":null}],"distribution":"Poisson",
+                  "rate":5,"rates":null,"activity_window":null,"data_file":null,"param_file":null,"data":null,"url":null,
+                  "host":null,"method":null,"headers":null,"interarrivals_list":null,"_comment":"x"}}}"#,
+            Path::new("."),
+        )
+        .unwrap();
+        let a = &c.instances[0];
+        assert_eq!((a.mix.clone(), a.rates.clone(), a.body.clone()), (vec![("f".into(), 1.0)], vec![5.0], Body::Empty));
+        assert_eq!((a.method.as_str(), a.headers.len(), a.url.as_ref()), ("POST", 0, None));
+        assert_eq!((c.runtime_script, c.post_script, c.slo, c.blocking_cli), (None, None, None, false));
+    }
+
+    #[test]
+    fn faasprofiler_semantics() {
+        let base =
+            |inst: &str| format!(r#"{{"test_name":"t","test_duration_in_seconds":10,"instances":{{"a":{inst}}}}}"#);
+        // README: "A rate of zero means no invocations".
+        let c =
+            Config::parse(&base(r#"{"application":"f","distribution":"Poisson","rate":0}"#), Path::new(".")).unwrap();
+        assert_eq!(c.instances[0].rates, vec![0.0]);
+        // Its checker allows Poisson or Uniform beside a list, and the list wins.
+        let c = Config::parse(
+            &base(r#"{"application":"f","distribution":"Uniform","rate":3,"interarrivals_list":[1,2]}"#),
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(c.instances[0].distribution, Distribution::Trace { inter_arrivals_s: vec![1.0, 2.0] });
+        assert!(parse_err(&base(r#"{"application":"f","distribution":"Constant","interarrivals_list":[1]}"#))
+            .contains("instance a: interarrivals_list replaces distribution"));
+        assert!(parse_err(&base(r#"{"application":"f","interarrivals_list":[1,-2]}"#))
+            .contains("instance a: interarrivals_list must hold non-negative numbers"));
+        assert!(parse_err(&base(
+            r#"{"application":"f","distribution":"Poisson","rate":1,"host":"h","headers":{"host":"g"}}"#
+        ))
+        .contains("instance a: give either host or a Host header"));
+        assert!(parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"instances":{}}"#)
+            .contains("instances is empty"));
     }
 }

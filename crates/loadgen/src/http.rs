@@ -3,6 +3,14 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("{0}: only http:// URLs are supported")]
+    NotHttp(String),
+    #[error("{url}: cannot resolve {host}: {why}")]
+    Unresolved { url: String, host: String, why: String },
+}
+
 /// `http://host:port/prefix` split into an address and a path prefix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Url {
@@ -11,8 +19,8 @@ pub struct Url {
     pub path: String,
 }
 
-pub fn parse_url(url: &str) -> Result<Url, String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| format!("{url}: only http:// URLs are supported"))?;
+pub fn parse_url(url: &str) -> Result<Url, UrlError> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| UrlError::NotHttp(url.to_string()))?;
     let (hostport, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
@@ -22,11 +30,12 @@ pub fn parse_url(url: &str) -> Result<Url, String> {
     } else {
         format!("{hostport}:80")
     };
+    let unresolved = |why: String| UrlError::Unresolved { url: url.to_string(), host: hostport.to_string(), why };
     let addr = with_port
         .to_socket_addrs()
-        .map_err(|e| format!("{url}: cannot resolve {hostport}: {e}"))?
+        .map_err(|e| unresolved(e.to_string()))?
         .next()
-        .ok_or_else(|| format!("{url}: {hostport} has no address"))?;
+        .ok_or_else(|| unresolved("it has no address".into()))?;
     Ok(Url { host: hostport.to_string(), addr, path: path.trim_end_matches('/').to_string() })
 }
 
@@ -39,7 +48,12 @@ pub fn build_request(
     body: &[u8],
     json: bool,
 ) -> Vec<u8> {
-    let mut r = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\n", body.len());
+    let mut r = format!("{method} {path} HTTP/1.1\r\n");
+    // A Host header from the config (FaaSProfiler's `host`) replaces the URL's.
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        r.push_str(&format!("Host: {host}\r\n"));
+    }
+    r.push_str(&format!("Content-Length: {}\r\n", body.len()));
     if json && !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
         r.push_str("Content-Type: application/json\r\n");
     }
@@ -211,11 +225,20 @@ mod tests {
     fn urls_and_requests() {
         let u = parse_url("http://127.0.0.1:8080/").unwrap();
         assert_eq!((u.host.as_str(), u.addr.port(), u.path.as_str()), ("127.0.0.1:8080", 8080, ""));
-        assert!(parse_url("https://x").is_err());
+        assert_eq!(parse_url("https://x"), Err(UrlError::NotHttp("https://x".into())));
         let r = build_request("POST", "h:1", "/function/f", &[("x-a".into(), "b".into())], b"{}", true);
         assert_eq!(
             r,
             b"POST /function/f HTTP/1.1\r\nHost: h:1\r\nContent-Length: 2\r\nContent-Type: application/json\r\nx-a: b\r\n\r\n{}"
         );
+        let r = build_request(
+            "POST",
+            "10.0.0.1:80",
+            "/hello",
+            &[("Host".into(), "app.default.example".into())],
+            b"",
+            false,
+        );
+        assert_eq!(r, b"POST /hello HTTP/1.1\r\nContent-Length: 0\r\nHost: app.default.example\r\n\r\n");
     }
 }

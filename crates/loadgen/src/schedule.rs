@@ -74,6 +74,11 @@ pub fn build(cfg: &Config, seed: u64) -> Vec<Arrival> {
 /// Arrival times in [start, end) seconds.
 pub fn arrival_times(dist: &Distribution, rate: f64, start: f64, end: f64, rng: &mut Rng) -> Vec<f64> {
     let mut out = Vec::new();
+    // Rate 0 is FaaSProfiler's "no invocations" (1/rate would be infinite);
+    // a trace's times do not depend on its rate.
+    if rate <= 0.0 && !matches!(dist, Distribution::Trace { .. }) {
+        return out;
+    }
     match dist {
         Distribution::Poisson => poisson(rate, start, end, rng, &mut out),
         Distribution::Uniform => {
@@ -234,6 +239,35 @@ mod tests {
         assert!(gaps(&u).iter().all(|g| (g - 0.01).abs() < 1e-9));
         let c = arrival_times(&Distribution::Constant, 4.0, 1.0, 2.0, &mut rng);
         assert_eq!(c, vec![1.0, 1.25, 1.5, 1.75]);
+    }
+
+    #[test]
+    fn zero_rate_sends_nothing() {
+        let c = cfg(r#"{"test_name":"t","test_duration_in_seconds":5,"random_seed":1,"instances":{
+            "a":{"application":"f","distribution":"Constant","rate":0},
+            "b":{"application":"f","distribution":"Poisson","rate":0},
+            "c":{"application":"f","distribution":"Uniform","rate":0},
+            "d":{"application":"f","distribution":"Bursty","rate":0,"on_seconds":1}}}"#);
+        assert_eq!(build(&c, 1), vec![]);
+    }
+
+    #[test]
+    fn interarrivals_list_counts_from_the_test_start() {
+        // FaaSProfiler's sample: a list starting 5 s in, inside a [5, 10] window.
+        let c = cfg(r#"{"test_name":"t","test_duration_in_seconds":15,"random_seed":1,"instances":{
+            "a":{"application":"f","interarrivals_list":[5,0.13,0.15,0.8,0.1,0.13,0.13,0.1,0.4],"activity_window":[5,10]},
+            "b":{"application":"f","interarrivals_list":[5,0.13,0.15,0.8,0.1,0.13,0.13,0.1,0.4]},
+            "c":{"application":"f","interarrivals_list":[1,1,1,1,1],"activity_window":[2.5,4.5]}}}"#);
+        let s = build(&c, 1);
+        let times =
+            |i: u32| -> Vec<f64> { s.iter().filter(|x| x.instance == i).map(|x| x.at_ns as f64 / 1e9).collect() };
+        let expected = [5.0, 5.13, 5.28, 6.08, 6.18, 6.31, 6.44, 6.54, 6.94];
+        for i in [0, 1] {
+            let t = times(i);
+            assert_eq!(t.len(), 9, "{t:?}");
+            assert!(t.iter().zip(expected).all(|(a, b)| (a - b).abs() < 1e-6), "{t:?}");
+        }
+        assert_eq!(times(2), vec![3.0, 4.0]);
     }
 
     #[test]

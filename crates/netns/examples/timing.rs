@@ -8,12 +8,15 @@
 //! Needs root and nft. Uses prefix "tm" and the top 2N indexes.
 
 use staccato_netns::{Net, Networks, NETS_MAX, NS_IF};
+use std::error::Error;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 const PREFIX: &str = "tm";
 
-fn main() -> Result<(), String> {
+type Result<T, E = Box<dyn Error>> = std::result::Result<T, E>;
+
+fn main() -> Result<()> {
     let n: u32 = std::env::args().nth(1).map_or(Ok(30), |a| a.parse()).map_err(|e| format!("N: {e}"))?;
     if n == 0 || 2 * n > 1000 {
         return Err("N must be 1..=500".into());
@@ -23,10 +26,10 @@ fn main() -> Result<(), String> {
     let result = measure(&nets, n);
     let cleaned = nets.cleanup();
     result?;
-    cleaned
+    Ok(cleaned?)
 }
 
-fn measure(nets: &Networks, n: u32) -> Result<(), String> {
+fn measure(nets: &Networks, n: u32) -> Result<()> {
     let base = NETS_MAX - 2 * n;
     let mut exec_only = Vec::new();
     let (mut create, mut create_spike, mut check, mut destroy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -58,7 +61,7 @@ fn measure(nets: &Networks, n: u32) -> Result<(), String> {
 
 /// The spike's netns.sh, step for step, except that its nft rule is the
 /// DNAT rule a namespace needs rather than the masquerade rule it tried.
-fn create_like_spike(nets: &Networks, net: &Net) -> Result<(), String> {
+fn create_like_spike(nets: &Networks, net: &Net) -> Result<()> {
     let (ns, h, host_ip, ns_ip) = (&net.name, &net.host_if, net.host_ip.to_string(), net.ns_ip.to_string());
     cmd(&["ip", "netns", "add", ns])?;
     cmd(&["ip", "link", "add", h, "type", "veth", "peer", "name", NS_IF, "netns", ns])?;
@@ -72,21 +75,21 @@ fn create_like_spike(nets: &Networks, net: &Net) -> Result<(), String> {
     cmd(&["nft", "add", "rule", "inet", nets.table(), "dnat_to_loopback", &rule])
 }
 
-fn cmd(args: &[&str]) -> Result<(), String> {
+fn cmd(args: &[&str]) -> Result<()> {
     let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{args:?}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("{args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(format!("{args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()).into());
     }
     Ok(())
 }
 
-fn timed(f: impl FnOnce() -> Result<(), String>) -> Result<Duration, String> {
+fn timed<E: Into<Box<dyn Error>>>(f: impl FnOnce() -> Result<(), E>) -> Result<Duration> {
     timed_value(f).map(|(t, ())| t)
 }
 
-fn timed_value<T>(f: impl FnOnce() -> Result<T, String>) -> Result<(Duration, T), String> {
+fn timed_value<T, E: Into<Box<dyn Error>>>(f: impl FnOnce() -> Result<T, E>) -> Result<(Duration, T)> {
     let start = Instant::now();
-    let value = f()?;
+    let value = f().map_err(Into::into)?;
     Ok((start.elapsed(), value))
 }
 

@@ -7,6 +7,7 @@
 //! the namespace sysfs was mounted from, so it is used only for ifindex.
 
 use crate::naming::mask;
+use crate::{Error, Result};
 use std::fs;
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -19,8 +20,8 @@ pub(crate) struct Route {
     pub prefix_len: u8,
 }
 
-pub(crate) fn routes() -> Result<Vec<Route>, String> {
-    let text = fs::read_to_string("/proc/net/route").map_err(|e| format!("reading /proc/net/route: {e}"))?;
+pub(crate) fn routes() -> Result<Vec<Route>> {
+    let text = fs::read_to_string("/proc/net/route").map_err(Error::io("reading /proc/net/route"))?;
     Ok(parse_routes(&text))
 }
 
@@ -57,8 +58,8 @@ pub(crate) fn conflicts(routes: &[Route], subnet: Ipv4Addr, own_if: &str) -> Vec
 }
 
 /// Names of the host's interfaces, from /proc/net/dev ("  name: counters…").
-pub(crate) fn interfaces() -> Result<Vec<String>, String> {
-    let text = fs::read_to_string("/proc/net/dev").map_err(|e| format!("reading /proc/net/dev: {e}"))?;
+pub(crate) fn interfaces() -> Result<Vec<String>> {
+    let text = fs::read_to_string("/proc/net/dev").map_err(Error::io("reading /proc/net/dev"))?;
     Ok(text.lines().skip(2).filter_map(|l| l.split_once(':').map(|(name, _)| name.trim().to_string())).collect())
 }
 
@@ -68,10 +69,13 @@ pub(crate) fn interface_exists(name: &str) -> bool {
     Path::new("/proc/sys/net/ipv4/conf").join(name).exists()
 }
 
-pub(crate) fn ifindex(name: &str) -> Result<u32, String> {
+pub(crate) fn ifindex(name: &str) -> Result<u32> {
     let path = Path::new("/sys/class/net").join(name).join("ifindex");
-    let text = fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    text.trim().parse().map_err(|e| format!("{}: {e}", path.display()))
+    let text = fs::read_to_string(&path).map_err(Error::io(format!("reading {}", path.display())))?;
+    text.trim().parse().map_err(|e| Error::Io {
+        what: format!("{}: {text:?}", path.display()),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })
 }
 
 pub(crate) fn ipv6_present() -> bool {
@@ -79,14 +83,14 @@ pub(crate) fn ipv6_present() -> bool {
 }
 
 /// `family` is "ipv4" or "ipv6"; only interfaces we created are passed in.
-pub(crate) fn set_sysctl(family: &str, iface: &str, key: &str, value: &str) -> Result<(), String> {
+pub(crate) fn set_sysctl(family: &str, iface: &str, key: &str, value: &str) -> Result<()> {
     let path = sysctl_path(family, iface, key);
-    fs::write(&path, value).map_err(|e| format!("writing {value} to {path}: {e}"))
+    fs::write(&path, value).map_err(Error::io(format!("writing {value} to {path}")))
 }
 
-pub(crate) fn get_sysctl(family: &str, iface: &str, key: &str) -> Result<String, String> {
+pub(crate) fn get_sysctl(family: &str, iface: &str, key: &str) -> Result<String> {
     let path = sysctl_path(family, iface, key);
-    fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|e| format!("reading {path}: {e}"))
+    fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(Error::io(format!("reading {path}")))
 }
 
 fn sysctl_path(family: &str, iface: &str, key: &str) -> String {

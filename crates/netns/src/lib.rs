@@ -25,11 +25,13 @@
 #![forbid(unsafe_code)]
 
 mod drift;
+mod error;
 mod exec;
 mod host;
 mod naming;
 mod ruleset;
 
+pub use error::{Error, Result};
 pub use naming::{NETS_MAX, NS_IF, PREFIX_LEN_MAX, SUBNET_PREFIX_LEN};
 
 /// Whether `prefix` is one [`Networks::new`] accepts.
@@ -90,18 +92,18 @@ impl Networks {
     ///
     /// Every port of host loopback is reachable at host_ip, including the
     /// engine's own loopback listeners; [`Networks::with_ports`] narrows it.
-    pub fn new(prefix: &str) -> Result<Networks, String> {
+    pub fn new(prefix: &str) -> Result<Networks> {
         Networks::make(prefix, None)
     }
 
     /// Like [`Networks::new`], but host_ip:P reaches 127.0.0.1:P only for
     /// TCP and UDP ports in `ports` (e.g. 6379 and 5432); other packets are
     /// dropped. An empty list cuts the namespaces off the host entirely.
-    pub fn with_ports(prefix: &str, ports: &[u16]) -> Result<Networks, String> {
+    pub fn with_ports(prefix: &str, ports: &[u16]) -> Result<Networks> {
         Networks::make(prefix, Some(ports.to_vec()))
     }
 
-    fn make(prefix: &str, ports: Option<Vec<u16>>) -> Result<Networks, String> {
+    fn make(prefix: &str, ports: Option<Vec<u16>>) -> Result<Networks> {
         naming::validate_prefix(prefix)?;
         let nets = Networks {
             prefix: prefix.to_string(),
@@ -128,7 +130,7 @@ impl Networks {
     }
 
     /// The names and addresses of `index`, without creating anything.
-    pub fn net_at(&self, index: u32) -> Result<Net, String> {
+    pub fn net_at(&self, index: u32) -> Result<Net> {
         naming::validate_index(index)?;
         let name = naming::netns_name(&self.prefix, index);
         let (_, host_ip, ns_ip) = naming::addresses(index);
@@ -144,21 +146,18 @@ impl Networks {
 
     /// Makes namespace `index`: about 5–10 ms, two `ip` execs. Fails, and
     /// leaves nothing behind, if any part of it already exists.
-    pub fn create(&self, index: u32) -> Result<Net, String> {
+    pub fn create(&self, index: u32) -> Result<Net> {
         let net = self.net_at(index)?;
         self.ensure_table()?;
         let stale = self.remnants(&net);
         if !stale.is_empty() {
-            return Err(format!(
-                "{} already exist(s): in use, or left by a crashed engine (cleanup() removes it)",
-                stale.join(" and ")
-            ));
+            return Err(Error::Exists(stale));
         }
         self.refuse_conflicts(&net)?;
         if let Err(e) = self.build(&net) {
             return Err(match self.remove(&net) {
                 Ok(()) => e,
-                Err(r) => format!("{e}; then removing the partial {} failed too: {r}", net.name),
+                Err(r) => Error::UndoFailed { first: Box::new(e), name: net.name.clone(), undo: Box::new(r) },
             });
         }
         Ok(net)
@@ -170,7 +169,7 @@ impl Networks {
     ///
     /// Takes 15–40 ms, nearly all of it the kernel unregistering the veth
     /// (RCU grace periods), so call it from a background thread.
-    pub fn destroy(&self, net: &Net) -> Result<(), String> {
+    pub fn destroy(&self, net: &Net) -> Result<()> {
         self.ours(net)?;
         self.remove(net)
     }
@@ -178,7 +177,7 @@ impl Networks {
     /// Verifies that the namespace still holds exactly lo and its veth end,
     /// with the original addresses and routes, and that the host side is
     /// intact. One `ip` exec. Err lists every difference found.
-    pub fn check(&self, net: &Net) -> Result<(), String> {
+    pub fn check(&self, net: &Net) -> Result<()> {
         self.ours(net)?;
         let mut found = self.host_side_drift(net);
         if found.is_empty() {
@@ -197,20 +196,20 @@ impl Networks {
         if found.is_empty() {
             return Ok(());
         }
-        Err(format!("network namespace {} drifted: {}", net.name, found.join("; ")))
+        Err(Error::Drifted { name: net.name.clone(), found })
     }
 
     /// Removes every namespace, veth and the nft table of this prefix,
     /// whoever made them (a crashed engine's too). Err lists what remains.
-    pub fn cleanup(&self) -> Result<(), String> {
+    pub fn cleanup(&self) -> Result<()> {
         let netns_lead = naming::netns_lead(&self.prefix);
         let if_lead = naming::host_if_lead(&self.prefix);
-        let find = || -> Result<(Vec<String>, Vec<String>), String> {
+        let find = || -> Result<(Vec<String>, Vec<String>)> {
             let namespaces = match fs::read_dir(naming::NETNS_DIR) {
                 Ok(dir) => dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
                 // No directory: `ip netns add` has never run here.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(format!("listing {}: {e}", naming::NETNS_DIR)),
+                Err(e) => return Err(Error::Io { what: format!("listing {}", naming::NETNS_DIR), source: e }),
             };
             let namespaces = namespaces.into_iter().filter(|n| naming::index_in(n, &netns_lead).is_some()).collect();
             let links = host::interfaces()?.into_iter().filter(|n| naming::index_in(n, &if_lead).is_some()).collect();
@@ -240,10 +239,10 @@ impl Networks {
             return Ok(());
         }
         let left: Vec<String> = namespaces.into_iter().chain(links).collect();
-        Err(format!("cleanup of prefix {} left [{}]: {}", self.prefix, left.join(", "), ip_error.unwrap_or_default()))
+        Err(Error::Leftovers { prefix: self.prefix.clone(), left, cause: ip_error.map(Box::new) })
     }
 
-    fn ensure_table(&self) -> Result<(), String> {
+    fn ensure_table(&self) -> Result<()> {
         let mut installed = self.table_installed.lock().unwrap_or_else(PoisonError::into_inner);
         if !*installed {
             let rules = ruleset::install(&self.table, &naming::host_if_lead(&self.prefix), self.ports.as_deref());
@@ -254,20 +253,17 @@ impl Networks {
     }
 
     /// Runs one `ip` batch: each line of `input` is an `ip` command.
-    fn ip(&self, options: &[&str], input: &str) -> Result<String, String> {
+    fn ip(&self, options: &[&str], input: &str) -> Result<String> {
         let args: Vec<&str> = options.iter().copied().chain(["-batch", "-"]).collect();
         exec::run(&self.ip, &args, input)
     }
 
     /// Refuses a `Net` this `Networks` would not have made, so destroy and
     /// check never act on names outside our prefix.
-    fn ours(&self, net: &Net) -> Result<(), String> {
+    fn ours(&self, net: &Net) -> Result<()> {
         match self.net_at(net.index) {
             Ok(mine) if mine == *net => Ok(()),
-            _ => Err(format!(
-                "{} (index {}) was not made by the networks of prefix {}",
-                net.name, net.index, self.prefix
-            )),
+            _ => Err(Error::NotOurs { name: net.name.clone(), index: net.index, prefix: self.prefix.clone() }),
         }
     }
 
@@ -283,23 +279,18 @@ impl Networks {
         found
     }
 
-    fn refuse_conflicts(&self, net: &Net) -> Result<(), String> {
+    fn refuse_conflicts(&self, net: &Net) -> Result<()> {
         let (subnet, _, _) = naming::addresses(net.index);
         let conflicts = host::conflicts(&host::routes()?, subnet, &net.host_if);
         if conflicts.is_empty() {
             return Ok(());
         }
-        let routes: Vec<String> =
-            conflicts.iter().map(|r| format!("{}/{} dev {}", r.dst, r.prefix_len, r.iface)).collect();
-        Err(format!(
-            "{subnet}/{SUBNET_PREFIX_LEN} of index {} is already routed ({}): another engine or test uses this index",
-            net.index,
-            routes.join(", ")
-        ))
+        let routes = conflicts.iter().map(|r| format!("{}/{} dev {}", r.dst, r.prefix_len, r.iface)).collect();
+        Err(Error::Routed { subnet, index: net.index, routes })
     }
 
     /// The steps of `create`; it undoes them all on any error.
-    fn build(&self, net: &Net) -> Result<(), String> {
+    fn build(&self, net: &Net) -> Result<()> {
         self.ip(&[], &self.host_batch(net))?;
         // Again now that our route exists: a concurrent create of the same
         // index under another prefix may have raced past the first check.
@@ -343,7 +334,7 @@ impl Networks {
     ///   sender, never another host address the namespace should not learn;
     /// * disable_ipv6: the host side drops any IPv6 packet the namespace
     ///   sends, whatever addresses it gives itself.
-    fn set_host_sysctls(&self, net: &Net) -> Result<(), String> {
+    fn set_host_sysctls(&self, net: &Net) -> Result<()> {
         let h = &net.host_if;
         host::set_sysctl("ipv4", h, "route_localnet", "1")?;
         host::set_sysctl("ipv4", h, "arp_ignore", "1")?;
@@ -364,11 +355,11 @@ impl Networks {
         match host::get_sysctl("ipv4", h, "route_localnet") {
             Ok(v) if v == "1" => {}
             Ok(v) => found.push(format!("{h} route_localnet is {v}, not 1")),
-            Err(e) => found.push(e),
+            Err(e) => found.push(e.to_string()),
         }
         let (subnet, _, _) = naming::addresses(net.index);
         match host::routes() {
-            Err(e) => found.push(e),
+            Err(e) => found.push(e.to_string()),
             Ok(routes) => {
                 let own = host::Route { iface: h.clone(), dst: subnet, prefix_len: SUBNET_PREFIX_LEN };
                 if !routes.contains(&own) {
@@ -385,7 +376,7 @@ impl Networks {
 
     /// Deletes what exists of `net`, then reports what still does. Skips
     /// the exec when nothing is left, so destroy is idempotent and cheap.
-    fn remove(&self, net: &Net) -> Result<(), String> {
+    fn remove(&self, net: &Net) -> Result<()> {
         let mut input = String::new();
         // The link first: see cleanup.
         if host::interface_exists(&net.host_if) {
@@ -401,8 +392,7 @@ impl Networks {
         let left = self.remnants(net);
         match (left.is_empty(), result) {
             (true, _) => Ok(()),
-            (false, Err(e)) => Err(format!("{} still exist(s): {e}", left.join(" and "))),
-            (false, Ok(_)) => Err(format!("{} still exist(s) after `ip` reported success", left.join(" and "))),
+            (false, result) => Err(Error::Remains { left, cause: result.err().map(Box::new) }),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Names and addresses, all derived from (prefix, index) so that cleanup can
 //! find a crashed engine's leftovers from names alone, with no state file.
 
+use crate::Error;
 use std::net::Ipv4Addr;
 
 /// 10.200.0.0/16 carved into /30s: index i owns 10.200.0.0 + 4i.
@@ -23,20 +24,17 @@ pub(crate) const NETNS_DIR: &str = "/run/netns";
 /// Only [a-z0-9]: the prefix goes into interface names, netns names and an
 /// nft table name, and must never contain '-', which ends it in every name
 /// (so prefix "a" can never match "ab"'s leftovers).
-pub(crate) fn validate_prefix(prefix: &str) -> Result<(), String> {
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), Error> {
     let ok_chars = prefix.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     if prefix.is_empty() || prefix.len() > PREFIX_LEN_MAX || !ok_chars {
-        return Err(format!(
-            "network prefix {prefix:?} must be 1 to {PREFIX_LEN_MAX} characters of [a-z0-9] \
-             (it becomes part of 15-byte interface names)"
-        ));
+        return Err(Error::BadPrefix(prefix.to_string()));
     }
     Ok(())
 }
 
-pub(crate) fn validate_index(index: u32) -> Result<(), String> {
+pub(crate) fn validate_index(index: u32) -> Result<(), Error> {
     if index >= NETS_MAX {
-        return Err(format!("network index {index} out of range: 10.200.0.0/16 holds {NETS_MAX} /30 subnets"));
+        return Err(Error::IndexOutOfRange(index));
     }
     Ok(())
 }

@@ -42,7 +42,7 @@ fn fixture(prefix: &str) -> Option<Fixture> {
             nets.cleanup().expect("cleanup before test");
             Some(Fixture { nets })
         }
-        Err(e) if e.contains("not found") => {
+        Err(e @ staccato_netns::Error::ToolMissing { .. }) => {
             eprintln!("SKIPPED: {e}");
             None
         }
@@ -50,16 +50,17 @@ fn fixture(prefix: &str) -> Option<Fixture> {
     }
 }
 
-fn run(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{args:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{args:?}: {}", String::from_utf8_lossy(&out.stderr)));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+/// A command's stdout, or None if it could not run or failed.
+fn run(args: &[&str]) -> Option<String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Runs a command and returns its stdout; panics, with its stderr, if it fails.
 fn sh(args: &[&str]) -> String {
-    run(args).unwrap_or_else(|e| panic!("{e}"))
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn in_ns(net: &Net, args: &[&str]) -> String {
@@ -192,7 +193,7 @@ fn create_gives_only_lo_and_the_veth() {
     assert!(routes.contains(&format!("default via {} dev {NS_IF}", net.host_ip)), "{routes}");
     f.nets.check(&net).expect("a fresh namespace has no drift");
 
-    let again = f.nets.create(16001).expect_err("index in use");
+    let again = f.nets.create(16001).expect_err("index in use").to_string();
     assert!(again.contains("already exist"), "{again}");
     f.nets.destroy(&net).expect("destroy");
 }
@@ -292,7 +293,7 @@ fn destroy_and_cleanup_remove_everything() {
     assert!(!netns.contains("stc-ntd-1"), "{netns}");
     assert!(!links.contains("st-ntd-"), "{links}");
     assert!(!listed(&forgotten));
-    assert!(run(&["nft", "list", "table", "inet", restarted.table()]).is_err(), "table survived cleanup");
+    assert!(run(&["nft", "list", "table", "inet", restarted.table()]).is_none(), "table survived cleanup");
     assert!(netns.contains("stc-ntd-x") && netns.contains("stc-ntdx-1"), "cleanup removed foreign names: {netns}");
     sh(&["ip", "netns", "del", "stc-ntd-x"]);
     sh(&["ip", "netns", "del", "stc-ntdx-1"]);
@@ -311,27 +312,27 @@ fn check_detects_drift() {
     f.nets.check(&net).expect("fresh");
 
     sh(&["ip", "-n", &net.name, "addr", "add", "10.9.9.9/24", "dev", NS_IF]);
-    let e = f.nets.check(&net).expect_err("extra address");
+    let e = f.nets.check(&net).expect_err("extra address").to_string();
     assert!(e.contains("unexpected address eth0 inet 10.9.9.9/24"), "{e}");
     sh(&["ip", "-n", &net.name, "addr", "del", "10.9.9.9/24", "dev", NS_IF]);
     f.nets.check(&net).expect("back to normal");
 
     sh(&["ip", "-n", &net.name, "route", "del", "default"]);
-    let e = f.nets.check(&net).expect_err("missing route");
+    let e = f.nets.check(&net).expect_err("missing route").to_string();
     assert!(e.contains("missing route default"), "{e}");
     sh(&["ip", "-n", &net.name, "route", "add", "default", "via", &net.host_ip.to_string()]);
     f.nets.check(&net).expect("back to normal");
 
     sh(&["ip", "-n", &net.name, "link", "add", "x0", "type", "veth", "peer", "name", "x1"]);
-    let e = f.nets.check(&net).expect_err("extra links");
+    let e = f.nets.check(&net).expect_err("extra links").to_string();
     assert!(e.contains("unexpected interface x0") && e.contains("unexpected interface x1"), "{e}");
     sh(&["ip", "-n", &net.name, "link", "del", "x0"]);
 
     sh(&["ip", "link", "set", &net.host_if, "down"]);
-    let e = f.nets.check(&net).expect_err("host side down");
+    let e = f.nets.check(&net).expect_err("host side down").to_string();
     assert!(e.contains("host side down"), "{e}");
     f.nets.destroy(&net).expect("destroy");
-    let e = f.nets.check(&net).expect_err("gone");
+    let e = f.nets.check(&net).expect_err("gone").to_string();
     assert!(e.contains("gone"), "{e}");
 }
 
@@ -340,7 +341,7 @@ fn one_index_under_two_prefixes_is_refused() {
     let Some(f) = fixture("ntf") else { return };
     let Some(g) = fixture("ntg") else { return };
     let net = f.nets.create(16011).expect("create");
-    let e = g.nets.create(16011).expect_err("same /30");
+    let e = g.nets.create(16011).expect_err("same /30").to_string();
     assert!(e.contains("already routed") && e.contains(&net.host_if), "{e}");
     assert!(!g.nets.net_at(16011).expect("net_at").path.exists(), "the refused create left its netns");
     f.nets.destroy(&net).expect("destroy");

@@ -71,6 +71,7 @@
 
 #![forbid(unsafe_code)]
 
+mod error;
 mod key;
 mod node;
 mod python;
@@ -78,6 +79,7 @@ mod size;
 mod store;
 mod tool;
 
+pub use error::{Error, Result};
 pub use size::format_size;
 
 /// Where pip and npm run. They execute code the deployer controls (build
@@ -232,21 +234,16 @@ impl Cache {
     /// Python: resolve `requirements` with the given interpreter's pip,
     /// install each resolved distribution once into its own entry, and return
     /// the directories to put on sys.path (one per distribution).
-    pub fn python(
-        &self,
-        python: &Path,
-        requirements: &Path,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<Resolved, String> {
+    pub fn python(&self, python: &Path, requirements: &Path, progress: &mut dyn FnMut(&str)) -> Result<Resolved> {
         let started = Instant::now();
         let interp = python::probe(python)?;
         let python = interp.executable.as_path();
         let file_name = requirements.file_name().unwrap_or(requirements.as_os_str()).to_string_lossy();
         progress(&format!("resolving {file_name}"));
         let requirements =
-            fs::canonicalize(requirements).map_err(|e| format!("cannot read {}: {e}", requirements.display()))?;
+            fs::canonicalize(requirements).map_err(Error::io(format!("cannot read {}", requirements.display())))?;
         let text =
-            fs::read_to_string(&requirements).map_err(|e| format!("cannot read {}: {e}", requirements.display()))?;
+            fs::read_to_string(&requirements).map_err(Error::io(format!("cannot read {}", requirements.display())))?;
         let pins = python::pinned_lines(&text);
         let memo_key = python::memo_key(&interp, &text);
         if pins.is_some() {
@@ -255,7 +252,7 @@ impl Cache {
             }
         }
         let report =
-            Staging::new(&self.layout, "pip-report").map_err(|e| format!("cache {}: {e}", self.root().display()))?;
+            Staging::new(&self.layout, "pip-report").map_err(Error::io(format!("cache {}", self.root().display())))?;
         let dists = python::resolve(&*self.runner, python, &requirements, report.path())?;
         drop(report);
         let reads: Vec<PathBuf> = requirements.parent().map(Path::to_path_buf).into_iter().collect();
@@ -311,7 +308,7 @@ impl Cache {
     /// Node: one entry per dependency set, keyed by package.json's
     /// dependencies, the lock file if present and the Node version; returns
     /// `dirs = [<entry>/node_modules]` (empty when there are no dependencies).
-    pub fn node(&self, package_dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<Resolved, String> {
+    pub fn node(&self, package_dir: &Path, progress: &mut dyn FnMut(&str)) -> Result<Resolved> {
         let started = Instant::now();
         progress("reading package.json");
         let deps = node::read(package_dir)?;
@@ -327,13 +324,13 @@ impl Cache {
         } else {
             progress(&format!("installing {label} (npm)"));
             let staging =
-                Staging::new(&self.layout, "node").map_err(|e| format!("cache {}: {e}", self.root().display()))?;
+                Staging::new(&self.layout, "node").map_err(Error::io(format!("cache {}", self.root().display())))?;
             node::install(&*self.runner, &deps, staging.path(), package_dir)?;
             let meta = deps.meta(staging.path());
             match staging.publish(&self.layout, &id, meta, node::PAYLOAD) {
                 Ok(Published::New) => 1,
                 Ok(Published::AlreadyThere) => 0,
-                Err(e) => return Err(format!("publishing {label} in the cache: {e}")),
+                Err(e) => return Err(Error::Io { what: format!("publishing {label} in the cache"), source: e }),
             }
         };
         self.touch_all(std::slice::from_ref(&id))?;
@@ -480,11 +477,9 @@ impl Cache {
 
     /// Marks everything returned as used, last, so the grace period starts
     /// when the caller gets the directories.
-    fn touch_all(&self, ids: &[String]) -> Result<(), String> {
+    fn touch_all(&self, ids: &[String]) -> Result<()> {
         for id in ids {
-            self.layout.touch(id).map_err(|e| {
-                format!("cache entry {id} was removed while this deploy was using it ({e}; a concurrent prune?); deploy again")
-            })?;
+            self.layout.touch(id).map_err(|source| Error::EntryGone { id: id.clone(), source })?;
         }
         Ok(())
     }
@@ -500,10 +495,10 @@ impl Cache {
         ids: &[String],
         missing: &[usize],
         progress: &mut dyn FnMut(&str),
-    ) -> Result<usize, String> {
+    ) -> Result<usize> {
         enum Event {
             Started(usize),
-            Finished(usize, Result<Published, String>, Duration),
+            Finished(usize, Result<Published>, Duration),
         }
         let next = AtomicUsize::new(0);
         let failed = AtomicBool::new(false);
@@ -549,27 +544,21 @@ impl Cache {
         if errors.is_empty() {
             Ok(published)
         } else {
-            Err(errors.join("\n"))
+            Err(if errors.len() == 1 { errors.remove(0) } else { Error::Several(errors) })
         }
     }
 
-    fn install_one(
-        &self,
-        python: &Path,
-        reads: &[PathBuf],
-        dist: &python::Dist,
-        id: &str,
-    ) -> Result<Published, String> {
+    fn install_one(&self, python: &Path, reads: &[PathBuf], dist: &python::Dist, id: &str) -> Result<Published> {
         // A concurrent deploy may have published it since we looked.
         if self.layout.exists(id) {
             return Ok(Published::AlreadyThere);
         }
         let staging =
-            Staging::new(&self.layout, "python").map_err(|e| format!("cache {}: {e}", self.root().display()))?;
+            Staging::new(&self.layout, "python").map_err(Error::io(format!("cache {}", self.root().display())))?;
         python::install(&*self.runner, python, reads, dist, staging.path())?;
         staging
             .publish(&self.layout, id, dist.meta(), python::PAYLOAD)
-            .map_err(|e| format!("publishing {} in the cache: {e}", dist.label()))
+            .map_err(Error::io(format!("publishing {} in the cache", dist.label())))
     }
 
     fn pin_path(&self, function: &str) -> io::Result<PathBuf> {

@@ -11,7 +11,7 @@
 use crate::key::KeyHasher;
 use crate::store::{unix_now_s, EntryMeta};
 use crate::tool::{self, indent, ToolError};
-use crate::Kind;
+use crate::{Error, Kind, Result};
 use serde_json::{Map, Value};
 use std::fs;
 use std::path::Path;
@@ -48,13 +48,13 @@ pub(crate) struct NodeDeps {
     direct: Vec<(String, String)>,
 }
 
-pub(crate) fn read(package_dir: &Path) -> Result<NodeDeps, String> {
+pub(crate) fn read(package_dir: &Path) -> Result<NodeDeps> {
     let path = package_dir.join("package.json");
-    let text = fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let original: Value =
-        serde_json::from_slice(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))?;
+    let text = fs::read(&path).map_err(|e| Error::Input(format!("cannot read {}: {e}", path.display())))?;
+    let original: Value = serde_json::from_slice(&text)
+        .map_err(|e| Error::Input(format!("{} is not valid JSON: {e}", path.display())))?;
     let Some(original) = original.as_object() else {
-        return Err(format!("{} is not a JSON object", path.display()));
+        return Err(Error::Input(format!("{} is not a JSON object", path.display())));
     };
     let mut manifest = Map::new();
     // A fixed name: the function's own name must not split otherwise equal trees.
@@ -69,19 +69,19 @@ pub(crate) fn read(package_dir: &Path) -> Result<NodeDeps, String> {
     let direct = direct_dependencies(original);
     for (name, spec) in &direct {
         if is_local_spec(spec) {
-            return Err(format!(
+            return Err(Error::Input(format!(
                 "{}: dependency {name} is a local path ({spec}); the shared package cache installs only registry, \
                  git and URL dependencies (publish it, or copy it into the function's code)",
                 path.display()
-            ));
+            )));
         }
     }
     let mut lock = None;
     for name in LOCK_FILES {
         let p = package_dir.join(name);
         if let Ok(text) = fs::read(&p) {
-            let v: Value =
-                serde_json::from_slice(&text).map_err(|e| format!("{} is not valid JSON: {e}", p.display()))?;
+            let v: Value = serde_json::from_slice(&text)
+                .map_err(|e| Error::Input(format!("{} is not valid JSON: {e}", p.display())))?;
             lock = Some((name, normalize_lock(v)));
             break;
         }
@@ -187,26 +187,23 @@ impl NodeDeps {
 }
 
 /// What native modules and npm's choices depend on.
-pub(crate) fn probe_node() -> Result<String, String> {
+pub(crate) fn probe_node() -> Result<String> {
     let script = "[process.version, process.platform, process.arch, process.versions.modules].join(' ')";
     let out = tool::run(Command::new("node").args(["-p", script])).map_err(|e| match e {
         ToolError::Spawn(e) => {
-            format!("cannot run node ({e}): install Node.js to deploy functions with a package.json")
+            Error::Toolchain(format!("cannot run node ({e}): install Node.js to deploy functions with a package.json"))
         }
-        ToolError::Failed(lines) | ToolError::Stopped(lines) => format!("node failed to start:\n{}", indent(&lines)),
+        ToolError::Failed(lines) | ToolError::Stopped(lines) => {
+            Error::Toolchain(format!("node failed to start:\n{}", indent(&lines)))
+        }
     })?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 /// Runs npm in the staging directory, from a copy of the manifest and lock.
-pub(crate) fn install(
-    runner: &dyn crate::Runner,
-    deps: &NodeDeps,
-    staging: &Path,
-    package_dir: &Path,
-) -> Result<(), String> {
+pub(crate) fn install(runner: &dyn crate::Runner, deps: &NodeDeps, staging: &Path, package_dir: &Path) -> Result<()> {
     let write = |name: &str, bytes: &[u8]| {
-        fs::write(staging.join(name), bytes).map_err(|e| format!("writing {name} for npm: {e}"))
+        fs::write(staging.join(name), bytes).map_err(Error::io(format!("writing {name} for npm")))
     };
     let pretty = |v: &Value| serde_json::to_vec_pretty(v).unwrap_or_default();
     write("package.json", &pretty(&deps.manifest))?;
@@ -224,11 +221,15 @@ pub(crate) fn install(
     // A project .npmrc may hold registry tokens: never keep it in the cache.
     let _ = fs::remove_file(staging.join(".npmrc"));
     result.map(drop).map_err(|e| match e {
-        ToolError::Spawn(e) => {
-            format!("cannot run npm ({e}): install npm (it comes with Node.js) to deploy functions with a package.json")
+        ToolError::Spawn(e) => Error::Toolchain(format!(
+            "cannot run npm ({e}): install npm (it comes with Node.js) to deploy functions with a package.json"
+        )),
+        ToolError::Failed(lines) => {
+            Error::Tool(install_error(&package_dir.join("package.json").display().to_string(), &lines))
         }
-        ToolError::Failed(lines) => install_error(&package_dir.join("package.json").display().to_string(), &lines),
-        ToolError::Stopped(why) => format!("installing the dependencies of {}: {why}", package_dir.display()),
+        ToolError::Stopped(why) => {
+            Error::Tool(format!("installing the dependencies of {}: {why}", package_dir.display()))
+        }
     })
 }
 
@@ -305,6 +306,8 @@ mod tests {
         fs::write(dir.join("package.json"), r#"{"dependencies": {"mylib": "file:../mylib"}}"#).unwrap();
         let err = read(&dir).err().unwrap();
         fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(err, Error::Input(_)), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("mylib") && err.contains("local path"), "{err}");
     }
 

@@ -9,7 +9,7 @@
 use crate::key::KeyHasher;
 use crate::store::{path_safe, unix_now_s, EntryMeta};
 use crate::tool::{self, indent, ToolError};
-use crate::{Kind, Runner};
+use crate::{Error, Kind, Result, Runner};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -113,34 +113,36 @@ impl Dist {
     }
 }
 
-pub(crate) fn probe(python: &Path) -> Result<Interpreter, String> {
+pub(crate) fn probe(python: &Path) -> Result<Interpreter> {
     let out = tool::run(Command::new(python).args(["-c", PROBE])).map_err(|e| match e {
-        ToolError::Spawn(e) => format!("cannot run the Python interpreter {}: {e}", python.display()),
-        ToolError::Failed(lines) | ToolError::Stopped(lines) => {
-            format!("the Python interpreter {} failed to start:\n{}", python.display(), indent(&lines))
-        }
+        ToolError::Spawn(e) => Error::Toolchain(format!("cannot run the Python interpreter {}: {e}", python.display())),
+        ToolError::Failed(lines) | ToolError::Stopped(lines) => Error::Toolchain(format!(
+            "the Python interpreter {} failed to start:\n{}",
+            python.display(),
+            indent(&lines)
+        )),
     })?;
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
     let [executable, full_version, cache_tag, soabi, platform, pip_version] = lines[..] else {
-        return Err(format!("unexpected answer from {}: {text:?}", python.display()));
+        return Err(Error::Toolchain(format!("unexpected answer from {}: {text:?}", python.display())));
     };
     if pip_version.is_empty() {
-        return Err(format!(
+        return Err(Error::Toolchain(format!(
             "{} has no pip, which installs requirements.txt; add it with `{} -m ensurepip --upgrade`",
             python.display(),
             python.display()
-        ));
+        )));
     }
     if !pip_at_least(pip_version, PIP_REPORT_MIN) {
-        return Err(format!(
+        return Err(Error::Toolchain(format!(
             "pip {pip_version} of {} is too old: the package cache needs pip >= {}.{} (`pip install --report`); \
              upgrade with `{} -m pip install --upgrade pip`",
             python.display(),
             PIP_REPORT_MIN.0,
             PIP_REPORT_MIN.1,
             python.display()
-        ));
+        )));
     }
     // An interpreter that cannot say where it is (embedded) is run as given.
     let executable = if executable.is_empty() { python.to_path_buf() } else { PathBuf::from(executable) };
@@ -217,12 +219,7 @@ struct VcsInfo {
 
 /// Runs pip's resolver over the requirements file without installing.
 /// `report` is a scratch path for pip's JSON report.
-pub(crate) fn resolve(
-    runner: &dyn Runner,
-    python: &Path,
-    requirements: &Path,
-    report_dir: &Path,
-) -> Result<Vec<Dist>, String> {
+pub(crate) fn resolve(runner: &dyn Runner, python: &Path, requirements: &Path, report_dir: &Path) -> Result<Vec<Dist>> {
     let file = requirements.display();
     let report = report_dir.join("report.json");
     let mut cmd = pip(python);
@@ -240,12 +237,12 @@ pub(crate) fn resolve(
     let text = read_bounded(&report, REPORT_LEN_MAX);
     match result {
         Ok(_) => {}
-        Err(ToolError::Spawn(e)) => return Err(format!("cannot run {}: {e}", python.display())),
-        Err(ToolError::Failed(lines)) => return Err(resolve_error(&file.to_string(), &lines)),
-        Err(ToolError::Stopped(why)) => return Err(format!("resolving {file}: {why}")),
+        Err(ToolError::Spawn(e)) => return Err(Error::Toolchain(format!("cannot run {}: {e}", python.display()))),
+        Err(ToolError::Failed(lines)) => return Err(Error::Tool(resolve_error(&file.to_string(), &lines))),
+        Err(ToolError::Stopped(why)) => return Err(Error::Tool(format!("resolving {file}: {why}"))),
     }
-    let text = text.map_err(|e| format!("pip wrote no report for {file}: {e}"))?;
-    parse_report(&text).map_err(|e| format!("cannot read pip's report for {file}: {e}"))
+    let text = text.map_err(|e| Error::Tool(format!("pip wrote no report for {file}: {e}")))?;
+    parse_report(&text).map_err(|e| Error::Input(format!("cannot read pip's report for {file}: {e}")))
 }
 
 fn resolve_error(file: &str, pip_lines: &str) -> String {
@@ -263,12 +260,12 @@ fn resolve_error(file: &str, pip_lines: &str) -> String {
     }
 }
 
-fn parse_report(text: &[u8]) -> Result<Vec<Dist>, String> {
-    let report: Report = serde_json::from_slice(text).map_err(|e| e.to_string())?;
+fn parse_report(text: &[u8]) -> Result<Vec<Dist>> {
+    let report: Report = serde_json::from_slice(text).map_err(|e| Error::Input(e.to_string()))?;
     report.install.into_iter().map(dist).collect()
 }
 
-fn dist(item: ReportItem) -> Result<Dist, String> {
+fn dist(item: ReportItem) -> Result<Dist> {
     let ReportMetadata { name, version } = item.metadata;
     let info = item.download_info;
     let subdirectory = info.subdirectory.map(|s| format!("#subdirectory={s}")).unwrap_or_default();
@@ -286,11 +283,11 @@ fn dist(item: ReportItem) -> Result<Dist, String> {
             None => (format!("url {}", info.url), info.url.clone()),
         }
     } else if info.dir_info.is_some() {
-        return Err(format!(
+        return Err(Error::Input(format!(
             "{name} comes from the local directory {}, which the package cache cannot address by content; \
              build a wheel of it (`pip wheel`) and list the .whl file instead",
             info.url
-        ));
+        )));
     } else {
         (format!("url {}", info.url), info.url.clone())
     };
@@ -319,22 +316,18 @@ fn archive_hash(archive: &ArchiveInfo) -> Option<String> {
 /// `.pyc` files are compiled now (pip's default): entries are mounted
 /// read-only, so Python could not cache bytecode later and would recompile
 /// every module at every cold start.
-pub(crate) fn install(
-    runner: &dyn Runner,
-    python: &Path,
-    reads: &[PathBuf],
-    d: &Dist,
-    staging: &Path,
-) -> Result<(), String> {
+pub(crate) fn install(runner: &dyn Runner, python: &Path, reads: &[PathBuf], d: &Dist, staging: &Path) -> Result<()> {
     let mut cmd = pip(python);
     cmd.args(["install", "--no-deps", "--quiet", "--no-warn-script-location", "--target"])
         .arg(staging.join(PAYLOAD))
         .arg(&d.install_spec)
         .current_dir(staging);
     tool::run_in(runner, &mut cmd, reads, Some(staging)).map(drop).map_err(|e| match e {
-        ToolError::Spawn(e) => format!("cannot run {}: {e}", python.display()),
-        ToolError::Failed(lines) => format!("installing {} failed; pip says:\n{}", d.label(), indent(&lines)),
-        ToolError::Stopped(why) => format!("installing {}: {why}", d.label()),
+        ToolError::Spawn(e) => Error::Toolchain(format!("cannot run {}: {e}", python.display())),
+        ToolError::Failed(lines) => {
+            Error::Tool(format!("installing {} failed; pip says:\n{}", d.label(), indent(&lines)))
+        }
+        ToolError::Stopped(why) => Error::Tool(format!("installing {}: {why}", d.label())),
     })
 }
 
@@ -488,6 +481,8 @@ mod tests {
         let report = br#"{"install": [{"metadata": {"name": "mylib", "version": "0.1"},
             "download_info": {"url": "file:///src/mylib", "dir_info": {}}}]}"#;
         let err = parse_report(report).err().unwrap();
+        assert!(matches!(err, Error::Input(_)), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("mylib") && err.contains("pip wheel"), "{err}");
     }
 

@@ -2,7 +2,7 @@
 //! cache's whole point is to stand in for them, so fakes would test nothing.
 //! Packages are tiny and pure-Python/JS to keep the run short.
 
-use staccato_pkgcache::{Cache, Resolved, DEFAULT_BUDGET_BYTES};
+use staccato_pkgcache::{Cache, Error, Resolved, DEFAULT_BUDGET_BYTES};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -54,7 +54,7 @@ fn remove_tree(p: &Path) {
     let _ = fs::remove_dir_all(p);
 }
 
-fn python_with_log(cache: &Cache, req: &Path) -> (Result<Resolved, String>, Vec<String>, Duration) {
+fn python_with_log(cache: &Cache, req: &Path) -> (Result<Resolved, Error>, Vec<String>, Duration) {
     let mut lines = Vec::new();
     let t = Instant::now();
     let r = cache.python(&python(), req, &mut |l| lines.push(l.to_string()));
@@ -124,12 +124,16 @@ fn a_nonexistent_python_package_is_named_in_the_error() {
     let cache = Cache::open(&dir.0.join("cache"), DEFAULT_BUDGET_BYTES).unwrap();
     let req = dir.file("requirements.txt", "six\nnonexistent-package-xyz-staccato==1.0\n");
     let err = python_with_log(&cache, &req).0.unwrap_err();
+    assert!(matches!(err, Error::Tool(_)), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("no release of nonexistent-package-xyz-staccato"), "{err}");
     assert!(err.contains("No matching distribution found for nonexistent-package-xyz-staccato"), "{err}");
     assert!(cache.list().unwrap().is_empty());
     assert!(tmp_is_empty(&cache));
 
     let err = cache.python(Path::new("/nonexistent/python3"), &req, &mut |_| {}).unwrap_err();
+    assert!(matches!(err, Error::Toolchain(_)), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("cannot run the Python interpreter /nonexistent/python3"), "{err}");
 }
 
@@ -165,6 +169,8 @@ fn node_dependency_sets_are_installed_once_and_linked() {
 
     dir.file("f3/package.json", r#"{"dependencies": {"nonexistent-pkg-xyz-staccato": "1.0.0"}}"#);
     let err = cache.node(&dir.0.join("f3"), &mut |_| {}).unwrap_err();
+    assert!(matches!(err, Error::Tool(_)), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("nonexistent-pkg-xyz-staccato@1.0.0 is not in the npm registry"), "{err}");
     assert!(err.contains("E404"), "{err}");
     assert!(tmp_is_empty(&cache));

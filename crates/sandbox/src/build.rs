@@ -23,7 +23,7 @@
 
 use crate::container::Container;
 use crate::proxy::{HostRule, Proxy};
-use crate::{Limits, Mount, Network, Settings, Start};
+use crate::{Error, Limits, Mount, Network, Result, Settings, Start};
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
@@ -106,35 +106,18 @@ impl Finished {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     /// The sandbox itself failed (not the build).
-    Sandbox(String),
-    TimedOut {
-        after: Duration,
-        log: Vec<u8>,
-    },
-    OutOfMemory {
-        limit: u64,
-        log: Vec<u8>,
-    },
+    #[error("the build sandbox failed: {0}")]
+    Sandbox(#[from] Error),
+    #[error("the build was stopped after {} s (the engine's --build-timeout-s)", after.as_secs())]
+    TimedOut { after: Duration, log: Vec<u8> },
+    #[error("the build ran out of memory (limit {} MiB, the engine's --build-memory)", limit >> 20)]
+    OutOfMemory { limit: u64, log: Vec<u8> },
     /// The output could not be copied out (too many entries, too deep).
-    Output(String),
-}
-
-impl std::fmt::Display for BuildError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BuildError::Sandbox(e) => write!(f, "the build sandbox failed: {e}"),
-            BuildError::TimedOut { after, .. } => {
-                write!(f, "the build was stopped after {} s (the engine's --build-timeout-s)", after.as_secs())
-            }
-            BuildError::OutOfMemory { limit, .. } => {
-                write!(f, "the build ran out of memory (limit {} MiB, the engine's --build-memory)", limit >> 20)
-            }
-            BuildError::Output(e) => write!(f, "the build's output was refused: {e}"),
-        }
-    }
+    #[error("the build's output was refused: {0}")]
+    Output(io::Error),
 }
 
 pub struct Builder {
@@ -151,14 +134,17 @@ impl Builder {
     /// same runc, init and user range scheme, under their own prefix
     /// (`b` for `s`), directory and uids below the functions'. Removes what
     /// a dead engine's builds left behind, then starts the proxy.
-    pub fn new(functions: &Settings, cfg: BuildConfig) -> Result<Builder, String> {
+    pub fn new(functions: &Settings, cfg: BuildConfig) -> Result<Builder> {
         if functions.uid_base < 20_000 {
-            return Err(format!("uid base {} leaves no room for build users below it", functions.uid_base));
+            return Err(Error::Config(format!(
+                "uid base {} leaves no room for build users below it",
+                functions.uid_base
+            )));
         }
         let tail = &functions.prefix[functions.prefix.len().saturating_sub(netns::PREFIX_LEN_MAX - 1)..];
         let prefix = format!("b{tail}");
         let claim = crate::claim(&prefix)?;
-        let proxy = Proxy::start(cfg.allow_hosts.clone()).map_err(|e| format!("starting the build proxy: {e}"))?;
+        let proxy = Proxy::start(cfg.allow_hosts.clone()).map_err(Error::io("starting the build proxy"))?;
         let settings = Settings {
             dir: functions.dir.join("build"),
             prefix: prefix.clone(),
@@ -175,7 +161,7 @@ impl Builder {
             pool_size: 0,
             warm_python: None,
         };
-        fs::create_dir_all(&settings.dir).map_err(|e| format!("creating {}: {e}", settings.dir.display()))?;
+        fs::create_dir_all(&settings.dir).map_err(Error::io(format!("creating {}", settings.dir.display())))?;
         let nets = netns::Networks::with_ports(&prefix, &[proxy.addr().port()])?;
         crate::pool::remove_leftovers(&settings, Some(&nets));
         Ok(Builder { settings, nets, proxy, cfg, indexes: Mutex::new(BTreeSet::new()), _claim: claim })
@@ -193,26 +179,27 @@ impl Builder {
     /// Runs one build step to its end (or its limit).
     pub fn run(&self, job: &Job) -> Result<Finished, BuildError> {
         if job.argv.first().is_none_or(|a| !a.starts_with('/')) {
-            return Err(BuildError::Sandbox(format!("build command {:?} is not an absolute path", job.argv.first())));
+            return Err(Error::Config(format!("build command {:?} is not an absolute path", job.argv.first())).into());
         }
-        let index = self.take_index().map_err(BuildError::Sandbox)?;
+        let index = self.take_index()?;
         let result = self.run_at(index, job);
         self.indexes.lock().unwrap_or_else(|p| p.into_inner()).remove(&index);
         result
     }
 
-    fn take_index(&self) -> Result<u32, String> {
+    fn take_index(&self) -> Result<u32> {
         let mut used = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
-        let free = (0..BUILDS_MAX).find(|i| !used.contains(i)).ok_or("too many builds at once")?;
+        let free = (0..BUILDS_MAX)
+            .find(|i| !used.contains(i))
+            .ok_or(Error::Config(format!("too many builds at once (at most {BUILDS_MAX})")))?;
         used.insert(free);
         Ok(free)
     }
 
     fn run_at(&self, index: u32, job: &Job) -> Result<Finished, BuildError> {
-        let sandbox = |e: String| BuildError::Sandbox(e);
         // The scratch tmpfs first: the container's uid owns what is in it.
         let scratch = sys::mount::tmpfs(Path::new("/"), self.cfg.output_bytes)
-            .map_err(|e| sandbox(format!("making the build's scratch tmpfs: {e}")))?;
+            .map_err(Error::io("making the build's scratch tmpfs"))?;
         let root = scratch.path();
         let uid = self.settings.uid_base + index;
         let (out, log) = (root.join("out"), root.join("log"));
@@ -226,27 +213,33 @@ impl Builder {
             File::create(&log)?;
             Ok(())
         })();
-        prepared.map_err(|e| sandbox(format!("preparing the build's output: {e}")))?;
+        prepared.map_err(Error::io("preparing the build's output"))?;
 
-        let container = Container::create(&self.settings, Some(&self.nets), index, false).map_err(sandbox)?;
+        let container = Container::create(&self.settings, Some(&self.nets), index, false)?;
         let result = self.start_and_wait(&container, job, &out, &log);
         container.destroy(&self.settings, Some(&self.nets));
         // The copy-out below trusts that nothing can change the tree.
         if !container.pids().is_empty() {
-            return Err(sandbox(format!("processes of build container {} survived its removal", container.id)));
+            return Err(
+                Error::Dirty(format!("processes of build container {} survived its removal", container.id)).into()
+            );
         }
         let finished = result?;
         if finished.success() {
             if let Some(dir) = &job.output {
                 let budget = Budget { entries: OUTPUT_ENTRIES_MAX, bytes: self.cfg.output_bytes };
-                replace_with_copy(&out, dir, budget).map_err(|e| BuildError::Output(e.to_string()))?;
+                replace_with_copy(&out, dir, budget).map_err(BuildError::Output)?;
             }
         }
         Ok(finished)
     }
 
     fn start_and_wait(&self, c: &Container, job: &Job, out: &Path, log: &Path) -> Result<Finished, BuildError> {
-        let host_ip = c.net.as_ref().map(|n| n.host_ip).ok_or(BuildError::Sandbox("no network namespace".into()))?;
+        let host_ip = c
+            .net
+            .as_ref()
+            .map(|n| n.host_ip)
+            .ok_or(Error::Config("a build container without a network namespace".into()))?;
         let proxy = format!("http://{host_ip}:{}", self.proxy.addr().port());
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), "/usr/local/bin:/usr/bin:/bin:/usr/local/go/bin".into()),
@@ -281,7 +274,7 @@ impl Builder {
             log: log.to_path_buf(),
             python: false,
         };
-        let pid = c.start(&start).map_err(BuildError::Sandbox)?;
+        let pid = c.start(&start)?;
         let started = Instant::now();
         loop {
             for line in c.poll_status() {

@@ -5,7 +5,7 @@
 //! and sending its init a command; the freezer pauses and resumes it.
 
 use crate::bundle::{self, LOG, SLOT};
-use crate::{Limits, Mount, Network, Settings, Start};
+use crate::{Error, Limits, Mount, Network, Result, Settings, Start};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{chown, OpenOptionsExt};
@@ -91,8 +91,8 @@ fn cgroup(id: &str, controller: &str) -> PathBuf {
     Path::new("/sys/fs/cgroup").join(controller).join("staccato").join(id)
 }
 
-fn write_file(path: &Path, value: &str) -> Result<(), String> {
-    fs::write(path, value).map_err(|e| format!("writing {value:?} to {}: {e}", path.display()))
+fn write_file(path: &Path, value: &str) -> Result<()> {
+    fs::write(path, value).map_err(Error::io(format!("writing {value:?} to {}", path.display())))
 }
 
 /// Mount points, file systems and options, without the kernel's mount ids
@@ -117,12 +117,7 @@ impl Container {
     /// 30–40 ms (runc), plus the network namespace when isolated.
     /// `warm`: also start the warm Python launcher (worth it only for a
     /// container that will wait in the pool).
-    pub fn create(
-        settings: &Settings,
-        nets: Option<&netns::Networks>,
-        index: u32,
-        warm: bool,
-    ) -> Result<Container, String> {
+    pub fn create(settings: &Settings, nets: Option<&netns::Networks>, index: u32, warm: bool) -> Result<Container> {
         let id = format!("{}-{index}", settings.prefix);
         let dir = settings.dir.join(&id);
         let _ = runc(settings).args(["delete", "-f", &id]).stderr(Stdio::null()).status();
@@ -138,14 +133,14 @@ impl Container {
             }
             Ok(())
         })();
-        made.map_err(|e| format!("preparing {}: {e}", dir.display()))?;
+        made.map_err(Error::io(format!("preparing {}", dir.display())))?;
         let open = |name: &str, nonblock: bool| {
             let mut o = OpenOptions::new();
             o.read(true).write(true);
             if nonblock {
                 o.custom_flags(libc::O_NONBLOCK);
             }
-            o.open(dir.join("slot").join(name)).map_err(|e| format!("opening slot {name}: {e}"))
+            o.open(dir.join("slot").join(name)).map_err(Error::io(format!("opening slot {name}")))
         };
         // Opened read-write so init's opens never block and init sees
         // end-of-file on ctl only when the engine is gone.
@@ -156,7 +151,7 @@ impl Container {
             (Network::Isolated, Some(n)) => Some(create_net(n, &settings.prefix, index)?),
             _ => None,
         };
-        let fail = |e: String, net: &Option<netns::Net>| {
+        let fail = |e: Error, net: &Option<netns::Net>| {
             if let (Some(n), Some(nets)) = (net, nets) {
                 let _ = nets.destroy(n);
             }
@@ -166,12 +161,12 @@ impl Container {
         let config =
             bundle::config(settings, &id, &dir, uid, net.as_ref().map(|n| n.path.as_path()), &settings.neutral);
         if let Err(e) = fs::write(dir.join("config.json"), config.to_string()) {
-            return fail(format!("writing config.json: {e}"), &net);
+            return fail(Error::Io { what: "writing config.json".into(), source: e }, &net);
         }
         let err_path = dir.join("runc.err");
         let err_file = match File::create(&err_path) {
             Ok(f) => f,
-            Err(e) => return fail(format!("creating {}: {e}", err_path.display()), &net),
+            Err(e) => return fail(Error::Io { what: format!("creating {}", err_path.display()), source: e }, &net),
         };
         // runc's stdio must be files: a pipe would be inherited by init and
         // never reach end-of-file.
@@ -187,9 +182,9 @@ impl Container {
             Ok(s) if s.success() => {}
             Ok(_) => {
                 let why = fs::read_to_string(&err_path).unwrap_or_default();
-                return fail(format!("runc run {id} failed: {}", why.trim()), &net);
+                return fail(Error::Runc { id: id.clone(), stderr: why.trim().to_string() }, &net);
             }
-            Err(e) => return fail(format!("running {}: {e}", settings.runc.display()), &net),
+            Err(e) => return fail(Error::Io { what: format!("running {}", settings.runc.display()), source: e }, &net),
         }
         let init_pid = fs::read_to_string(dir.join("init.pid")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
         let mut reader = StatusReader { fifo: status, buf: Vec::new() };
@@ -214,7 +209,7 @@ impl Container {
             other => {
                 let c = c(reader, Vec::new());
                 c.destroy(settings, nets);
-                return Err(format!("container {id} did not report ready (got {other:?})"));
+                return Err(Error::Slot(format!("container {id} did not report ready (got {other:?})")));
             }
         }
         // Before anything else runs in it: children inherit the group.
@@ -223,7 +218,7 @@ impl Container {
             if let Err(e) = fs::write(shared.join("cgroup.procs"), init_pid.to_string()) {
                 let c = c(reader, Vec::new());
                 c.destroy(settings, nets);
-                return Err(format!("moving {id} into the engine's CPU group: {e}"));
+                return Err(Error::Io { what: format!("moving {id} into the engine's CPU group"), source: e });
             }
         }
         let template = mount_table(init_pid).unwrap_or_default();
@@ -237,7 +232,7 @@ impl Container {
 
     /// Starts the warm Python launcher, if the settings ask for one, and
     /// waits until it has done its imports.
-    fn warm_up(&self, settings: &Settings) -> Result<(), String> {
+    fn warm_up(&self, settings: &Settings) -> Result<()> {
         let Some(crate::Command { argv, env }) = &settings.warm_python else { return Ok(()) };
         let mut env = env.clone();
         env.push(("STACCATO_WARM_FIFO".into(), format!("{SLOT}/warm")));
@@ -248,12 +243,12 @@ impl Container {
                 *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = Some(pid);
                 Ok(())
             }
-            other => Err(format!("warm Python launcher in {} did not come up: {other:?}", self.id)),
+            other => Err(Error::Slot(format!("warm Python launcher in {} did not come up: {other:?}", self.id))),
         }
     }
 
     /// Has init start `argv`; returns its pid inside the container.
-    fn command(&self, cwd: &str, argv: &[String], env: &[(String, String)]) -> Result<u32, String> {
+    fn command(&self, cwd: &str, argv: &[String], env: &[(String, String)]) -> Result<u32> {
         let mut body = Vec::new();
         let mut push = |s: &str| {
             body.extend_from_slice(s.as_bytes());
@@ -269,11 +264,11 @@ impl Container {
             push(&format!("{k}={v}"));
         }
         if body.len() > 65536 {
-            return Err("launcher command longer than 64 KiB".into());
+            return Err(Error::Config("launcher command longer than 64 KiB".into()));
         }
         let mut msg = (body.len() as u32).to_le_bytes().to_vec();
         msg.extend_from_slice(&body);
-        (&self.ctl).write_all(&msg).map_err(|e| format!("sending the command to {}: {e}", self.id))?;
+        (&self.ctl).write_all(&msg).map_err(Error::io(format!("sending the command to {}", self.id)))?;
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             let line = status.line(Duration::from_secs(5));
@@ -282,15 +277,15 @@ impl Container {
                 continue;
             }
             return match line.as_deref().and_then(|l| l.strip_prefix("STARTED ")) {
-                Some(pid) => pid.trim().parse().map_err(|_| format!("bad status line {line:?}")),
-                None => Err(format!("container {} did not start {:?}: {line:?}", self.id, argv.first())),
+                Some(pid) => pid.trim().parse().map_err(|_| Error::Slot(format!("bad status line {line:?}"))),
+                None => Err(Error::Slot(format!("container {} did not start {:?}: {line:?}", self.id, argv.first()))),
             };
         }
     }
 
     /// Gives the container to a function: mounts, limits, then its launcher.
     /// Returns the launcher's pid inside the container.
-    pub fn start(&self, s: &Start) -> Result<u32, String> {
+    pub fn start(&self, s: &Start) -> Result<u32> {
         // A frozen init would take the command and never start it.
         self.thaw_whatever_the_flag_says()?;
         let rootfs = self.dir.join("rootfs");
@@ -298,7 +293,7 @@ impl Container {
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         let mut all: Vec<Mount> = s.mounts.clone();
         all.push(Mount { src: s.log.clone(), dst: LOG.into(), read_only: false, exec: false });
-        chown(&s.log, Some(self.uid), Some(self.uid)).map_err(|e| format!("chown {}: {e}", s.log.display()))?;
+        chown(&s.log, Some(self.uid), Some(self.uid)).map_err(Error::io(format!("chown {}", s.log.display())))?;
         for m in &all {
             let rel = m.dst.strip_prefix("/").unwrap_or(&m.dst);
             let point = rootfs.join(rel);
@@ -308,16 +303,16 @@ impl Container {
                 } else {
                     point.parent().map_or(Ok(()), fs::create_dir_all).and_then(|_| fs::write(&point, b""))
                 };
-                made.map_err(|e| format!("making mountpoint {}: {e}", point.display()))?;
+                made.map_err(Error::io(format!("making mountpoint {}", point.display())))?;
                 a.mountpoints.push(point);
             }
             attach.push(
                 sys::mount::bind(&m.src, &m.dst, m.read_only, m.exec)
-                    .map_err(|e| format!("{}: {e}", m.src.display()))?,
+                    .map_err(Error::io(m.src.display().to_string()))?,
             );
             a.mounts.push(m.dst.clone());
         }
-        sys::mount::apply(self.init_pid, &[], &attach).map_err(|e| format!("mounting into {}: {e}", self.id))?;
+        sys::mount::apply(self.init_pid, &[], &attach).map_err(Error::io(format!("mounting into {}", self.id)))?;
         self.set_limits(&s.limits)?;
         a.oom_kills_at_start = self.oom_kills();
         drop(a);
@@ -330,13 +325,13 @@ impl Container {
                 let body = serde_json::json!({ "env": env, "cwd": s.cwd }).to_string();
                 let mut msg = (body.len() as u32).to_le_bytes().to_vec();
                 msg.extend_from_slice(body.as_bytes());
-                (&self.warm_fifo).write_all(&msg).map_err(|e| format!("assigning {}: {e}", self.id))?;
+                (&self.warm_fifo).write_all(&msg).map_err(Error::io(format!("assigning {}", self.id)))?;
                 Ok(pid)
             }
             Some(_) => {
                 // Not for this runtime: out of the way first.
                 if !self.kill_all() {
-                    return Err(format!("the warm launcher in {} would not die", self.id));
+                    return Err(Error::Dirty(format!("the warm launcher in {} would not die", self.id)));
                 }
                 let _ = self.poll_status();
                 self.command(&s.cwd, &s.argv, &s.env)
@@ -360,7 +355,7 @@ impl Container {
         out
     }
 
-    fn set_limits(&self, l: &Limits) -> Result<(), String> {
+    fn set_limits(&self, l: &Limits) -> Result<()> {
         let mem = cgroup(&self.id, "memory");
         let current: u64 = fs::read_to_string(mem.join("memory.limit_in_bytes"))
             .ok()
@@ -461,7 +456,7 @@ impl Container {
 
     /// Pauses every process of the container (cgroup v1 freezer; ~0.1 ms,
     /// against 5–8 ms for `runc pause`).
-    pub fn freeze(&self) -> Result<(), String> {
+    pub fn freeze(&self) -> Result<()> {
         // The flag and the file change together: a thaw that ran between
         // them would see no flag and leave the container frozen.
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
@@ -472,7 +467,7 @@ impl Container {
 
     /// Thaws even if the flag says it is not frozen (a freeze that raced
     /// with a give-back, or one from outside).
-    fn thaw_whatever_the_flag_says(&self) -> Result<(), String> {
+    fn thaw_whatever_the_flag_says(&self) -> Result<()> {
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "THAWED")?;
         a.frozen = false;
@@ -490,27 +485,27 @@ impl Container {
     /// Makes a returned container as good as new (Nuka's checker): no
     /// process but init, no mount but the template's, a fresh /tmp, neutral
     /// limits, an untouched network. Err means: destroy it instead.
-    pub fn reset(&self, settings: &Settings, nets: Option<&netns::Networks>, warm: bool) -> Result<(), String> {
+    pub fn reset(&self, settings: &Settings, nets: Option<&netns::Networks>, warm: bool) -> Result<()> {
         // A container that went back frozen with only init left would pass
         // every other check here, and its frozen init would never start
         // the next function.
         self.thaw_whatever_the_flag_says()?;
         if !self.kill_all() {
-            return Err("processes survived SIGKILL".into());
+            return Err(Error::Dirty("processes survived SIGKILL".into()));
         }
         let _ = self.poll_status();
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         let mut unmount = std::mem::take(&mut a.mounts);
         unmount.push(settings.tmp_dir.clone());
-        let tmp = sys::mount::tmpfs(&settings.tmp_dir, settings.tmp_bytes).map_err(|e| e.to_string())?;
-        sys::mount::apply(self.init_pid, &unmount, &[tmp]).map_err(|e| format!("unmounting: {e}"))?;
+        let tmp = sys::mount::tmpfs(&settings.tmp_dir, settings.tmp_bytes).map_err(Error::io("making a fresh /tmp"))?;
+        sys::mount::apply(self.init_pid, &unmount, &[tmp]).map_err(Error::io("unmounting"))?;
         for p in std::mem::take(&mut a.mountpoints).iter().rev() {
             let _ = fs::remove_dir(p).or_else(|_| fs::remove_file(p));
         }
         drop(a);
-        let now = mount_table(self.init_pid).map_err(|e| format!("reading mounts: {e}"))?;
+        let now = mount_table(self.init_pid).map_err(Error::io("reading mounts"))?;
         if now != self.template {
-            return Err(format!("mounts differ from the template: {:?}", diff(&self.template, &now)));
+            return Err(Error::Dirty(format!("mounts differ from the template: {:?}", diff(&self.template, &now))));
         }
         if let (Some(n), Some(nets)) = (&self.net, nets) {
             nets.check(n)?;
@@ -541,19 +536,20 @@ impl Container {
 /// A network namespace for container `index`: at this engine's offset in
 /// the shared address block, or further on if another engine (or one that
 /// crashed) holds that /30.
-fn create_net(nets: &netns::Networks, prefix: &str, index: u32) -> Result<netns::Net, String> {
+fn create_net(nets: &netns::Networks, prefix: &str, index: u32) -> Result<netns::Net, netns::Error> {
     let mut first_err = None;
     for k in 0..64 {
         let i = (crate::net_base(prefix) + index + k * 256) % netns::NETS_MAX;
         match nets.create(i) {
             Ok(n) => return Ok(n),
-            Err(e) if e.contains("already") => {
+            // Taken by another engine, or left by one that crashed.
+            Err(e @ (netns::Error::Exists(_) | netns::Error::Routed { .. })) => {
                 first_err.get_or_insert(e);
             }
             Err(e) => return Err(e),
         }
     }
-    Err(first_err.unwrap_or_default())
+    Err(first_err.expect("64 attempts, each failed"))
 }
 
 fn diff(a: &[String], b: &[String]) -> Vec<String> {

@@ -9,6 +9,7 @@
 mod build;
 mod bundle;
 mod container;
+mod error;
 pub mod logs;
 mod pool;
 pub mod proxy;
@@ -16,6 +17,7 @@ mod sweep;
 
 pub use build::{BuildConfig, BuildError, Builder, Finished, Job, BUILD_TMP};
 pub use container::Container;
+pub use error::{Error, Result};
 pub use pool::{Pool, PoolStats};
 use std::path::{Path, PathBuf};
 pub use sweep::{claim, sweep_dead_engines, Claim};

@@ -39,12 +39,20 @@ impl Caps {
     /// The smallest caps accepted: one read of the drain must fit a file.
     pub const MIN: Caps = Caps { file_bytes: READ_CHUNK as u64, rate_bytes: 4096 };
 
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), crate::Error> {
         if self.file_bytes < Caps::MIN.file_bytes {
-            return Err(format!("a log file cap of {} bytes: at least {}", self.file_bytes, Caps::MIN.file_bytes));
+            return Err(crate::Error::Config(format!(
+                "a log file cap of {} bytes: at least {}",
+                self.file_bytes,
+                Caps::MIN.file_bytes
+            )));
         }
         if self.rate_bytes < Caps::MIN.rate_bytes {
-            return Err(format!("a log rate of {} bytes/s: at least {}", self.rate_bytes, Caps::MIN.rate_bytes));
+            return Err(crate::Error::Config(format!(
+                "a log rate of {} bytes/s: at least {}",
+                self.rate_bytes,
+                Caps::MIN.rate_bytes
+            )));
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! background thread, handed out in microseconds, cleaned and reused when
 //! returned, destroyed when they cannot be cleaned.
 
-use crate::{Container, Network, Settings};
+use crate::{Container, Error, Network, Result, Settings};
 use std::collections::{BTreeSet, VecDeque};
 use std::fs;
 use std::process::Stdio;
@@ -57,14 +57,14 @@ pub struct Pool {
 impl Pool {
     /// Removes what a previous engine with the same prefix left behind, then
     /// starts filling the pool in the background.
-    pub fn new(settings: Settings) -> Result<Pool, String> {
-        fs::create_dir_all(&settings.dir).map_err(|e| format!("creating {}: {e}", settings.dir.display()))?;
+    pub fn new(settings: Settings) -> Result<Pool> {
+        fs::create_dir_all(&settings.dir).map_err(Error::io(format!("creating {}", settings.dir.display())))?;
         let claim = crate::claim(&settings.prefix)?;
         // The engine joins the CPU group its containers will share.
         let group = crate::shared_cpu_group(&settings.prefix);
         fs::create_dir_all(&group)
             .and_then(|()| fs::write(group.join("cgroup.procs"), std::process::id().to_string()))
-            .map_err(|e| format!("joining the CPU group {}: {e}", group.display()))?;
+            .map_err(Error::io(format!("joining the CPU group {}", group.display())))?;
         let nets = match settings.network {
             Network::Isolated => Some(match &settings.host_ports {
                 Some(ports) => netns::Networks::with_ports(&settings.prefix, ports)?,
@@ -114,7 +114,7 @@ impl Pool {
                     return;
                 }
             })
-            .map_err(|e| format!("starting the pool thread: {e}"))?;
+            .map_err(Error::io("starting the pool thread"))?;
         let pool = Pool { inner };
         pool.send(Job::Refill);
         Ok(pool)
@@ -129,9 +129,9 @@ impl Pool {
     /// fastest in one with a warm interpreter; anything else starts fastest
     /// in one without (no interpreter to kill first). The pool refills with
     /// the kind just taken, so its mix follows the demand.
-    pub fn take(&self, python: bool) -> Result<Arc<Container>, String> {
+    pub fn take(&self, python: bool) -> Result<Arc<Container>> {
         if self.inner.stopping.load(Ordering::Relaxed) {
-            return Err("the engine is shutting down".into());
+            return Err(Error::ShuttingDown);
         }
         let warm_wanted = python && self.inner.settings.warm_python.is_some();
         if self.inner.settings.warm_python.is_some() {
@@ -222,7 +222,7 @@ impl Inner {
         self.target.load(Ordering::Relaxed)
     }
 
-    fn create(&self, warm: bool) -> Result<Container, String> {
+    fn create(&self, warm: bool) -> Result<Container> {
         let index = {
             let mut used = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
             let i = (0..).find(|i| !used.contains(i)).expect("u32 indexes");

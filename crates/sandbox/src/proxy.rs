@@ -40,7 +40,7 @@ pub const DEFAULT_HOSTS: [&str; 5] =
 pub struct HostRule(String);
 
 impl HostRule {
-    pub fn parse(s: &str) -> Result<HostRule, String> {
+    pub fn parse(s: &str) -> Result<HostRule, crate::Error> {
         let s = s.trim().trim_end_matches('.').to_ascii_lowercase();
         let name = s.strip_prefix("*.").unwrap_or(&s);
         let valid = !name.is_empty()
@@ -53,10 +53,14 @@ impl HostRule {
                     && !l.ends_with('-')
             });
         if !valid {
-            return Err(format!("{s:?} is not a host name (or *.domain) for the build allow list"));
+            return Err(crate::Error::Config(format!(
+                "{s:?} is not a host name (or *.domain) for the build allow list"
+            )));
         }
         if s.starts_with("*.") && name.split('.').count() < 2 {
-            return Err(format!("{s:?} allows a whole top-level domain; name a domain below it (*.example.org)"));
+            return Err(crate::Error::Config(format!(
+                "{s:?} allows a whole top-level domain; name a domain below it (*.example.org)"
+            )));
         }
         Ok(HostRule(s))
     }
@@ -220,7 +224,9 @@ fn refuse(mut conn: &TcpStream, status: u16, why: &str) -> io::Result<()> {
 }
 
 /// Reads the request head: bytes up to the blank line, at most HEAD_LEN_MAX.
-fn read_head(mut conn: &TcpStream) -> Result<String, String> {
+/// Err is the status and reason to refuse the client with.
+fn read_head(mut conn: &TcpStream) -> Result<String, (u16, String)> {
+    let bad = |why: String| Err((400, why));
     let mut head = Vec::with_capacity(256);
     let mut byte = [0u8; 1];
     let deadline = std::time::Instant::now() + HEAD_TIMEOUT;
@@ -228,20 +234,20 @@ fn read_head(mut conn: &TcpStream) -> Result<String, String> {
     // the tunnel), and a head is a few hundred bytes.
     while !head.ends_with(b"\r\n\r\n") && !head.ends_with(b"\n\n") {
         if head.len() >= HEAD_LEN_MAX {
-            return Err(format!("request head longer than {HEAD_LEN_MAX} bytes"));
+            return bad(format!("request head longer than {HEAD_LEN_MAX} bytes"));
         }
         // One deadline for the whole head, not one per byte.
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left.is_zero() || conn.set_read_timeout(Some(left)).is_err() {
-            return Err("request head not sent in time".into());
+            return bad("request head not sent in time".into());
         }
         match conn.read(&mut byte) {
             Ok(1) => head.push(byte[0]),
-            Ok(_) => return Err("connection closed before the request head ended".into()),
-            Err(e) => return Err(format!("reading the request head: {e}")),
+            Ok(_) => return bad("connection closed before the request head ended".into()),
+            Err(e) => return bad(format!("reading the request head: {e}")),
         }
     }
-    String::from_utf8(head).map_err(|_| "request head is not UTF-8".into())
+    String::from_utf8(head).map_err(|_| (400, "request head is not UTF-8".into()))
 }
 
 /// Parses `CONNECT host:port HTTP/1.x` into (lower-case host, port).
@@ -275,8 +281,8 @@ fn serve(shared: &Shared, conn: TcpStream) {
     let _ = conn.set_read_timeout(Some(HEAD_TIMEOUT));
     let head = match read_head(&conn) {
         Ok(h) => h,
-        Err(why) => {
-            let _ = refuse(&conn, 400, &why);
+        Err((status, why)) => {
+            let _ = refuse(&conn, status, &why);
             return;
         }
     };

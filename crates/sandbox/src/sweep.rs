@@ -10,6 +10,7 @@
 //! (The dead engine's runc state stays in its own state directory, which
 //! only it names; its next start removes that.)
 
+use crate::{Error, Result};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -37,8 +38,8 @@ fn lock_path(prefix: &str) -> PathBuf {
 
 /// Sweeps what dead engines left, then claims `prefix` for this process.
 /// Fails if a live engine holds it.
-pub fn claim(prefix: &str) -> Result<Claim, String> {
-    fs::create_dir_all(ENGINES_DIR).map_err(|e| format!("creating {ENGINES_DIR}: {e}"))?;
+pub fn claim(prefix: &str) -> Result<Claim> {
+    fs::create_dir_all(ENGINES_DIR).map_err(Error::io(format!("creating {ENGINES_DIR}")))?;
     sweep_dead_engines();
     let path = lock_path(prefix);
     let mut file = OpenOptions::new()
@@ -47,7 +48,7 @@ pub fn claim(prefix: &str) -> Result<Claim, String> {
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+        .map_err(Error::io(format!("opening {}", path.display())))?;
     match file.try_lock() {
         Ok(()) => {
             let _ = file.set_len(0);
@@ -56,13 +57,9 @@ pub fn claim(prefix: &str) -> Result<Claim, String> {
         }
         Err(fs::TryLockError::WouldBlock) => {
             let pid = fs::read_to_string(&path).unwrap_or_default();
-            Err(format!(
-                "the container prefix {prefix} is in use by another engine (pid {}); is another staccato running \
-                 with the same state directory?",
-                pid.trim()
-            ))
+            Err(Error::PrefixInUse { prefix: prefix.to_string(), pid: pid.trim().to_string() })
         }
-        Err(fs::TryLockError::Error(e)) => Err(format!("locking {}: {e}", path.display())),
+        Err(fs::TryLockError::Error(e)) => Err(Error::Io { what: format!("locking {}", path.display()), source: e }),
     }
 }
 

@@ -10,7 +10,7 @@ mod up;
 
 use anyhow::{anyhow, Context, Result};
 use clap::{Parser, Subcommand};
-use client::{check, Client};
+use client::{check, Gateway, Requester};
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -107,10 +107,15 @@ fn main() {
     }
 }
 
+/// How long one request may take: above the longest function timeout (15
+/// minutes), since the gateway answers a call that runs out itself, and
+/// above a deploy's build.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(16 * 60);
+
 fn run(cli: Cli) -> Result<()> {
     let tok = token(&cli);
-    let client = || -> Result<Client> {
-        Client::new(&cli.gateway, tok.clone()).with_context(|| format!("gateway {}", cli.gateway))
+    let client = || -> Result<Gateway> {
+        Gateway::new(&cli.gateway, tok.clone(), REQUEST_TIMEOUT).with_context(|| format!("gateway {}", cli.gateway))
     };
     match cli.cmd {
         Cmd::Up(args) => up::up(args),
@@ -188,7 +193,7 @@ fn token(cli: &Cli) -> Option<String> {
     if cli.token.is_some() {
         return cli.token.clone();
     }
-    let local = Client::new(&cli.gateway, None).is_ok_and(|c| c.is_loopback());
+    let local = Gateway::new(&cli.gateway, None, REQUEST_TIMEOUT).is_ok_and(|c| c.is_loopback());
     let state = up::state_dir(std::env::var_os("STACCATO_STATE_DIR").map(PathBuf::from));
     local.then(|| client::read_token(&state)).flatten()
 }
@@ -209,7 +214,7 @@ fn manifest_path(path: &Path) -> PathBuf {
     path.to_path_buf()
 }
 
-fn deploy(c: &mut Client, path: &Path) -> Result<()> {
+fn deploy(c: &mut Gateway, path: &Path) -> Result<()> {
     let file = manifest_path(path);
     let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
     let base = file.parent().unwrap_or(Path::new("."));
@@ -233,7 +238,7 @@ fn deploy(c: &mut Client, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn invoke(c: &mut Client, name: &str, data: Option<&str>, timeout_ms: Option<u32>, verbose: bool) -> Result<()> {
+fn invoke(c: &mut Gateway, name: &str, data: Option<&str>, timeout_ms: Option<u32>, verbose: bool) -> Result<()> {
     let input = match data {
         Some(d) => d.as_bytes().to_vec(),
         None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => Vec::new(),
@@ -267,7 +272,7 @@ fn invoke(c: &mut Client, name: &str, data: Option<&str>, timeout_ms: Option<u32
     Ok(())
 }
 
-fn ls(c: &mut Client, json: bool) -> Result<()> {
+fn ls(c: &mut Gateway, json: bool) -> Result<()> {
     let r =
         c.request("GET", "/system/functions", b"").context("cannot reach the gateway (is `staccato up` running?)")?;
     let v = check(&r)?;

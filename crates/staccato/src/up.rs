@@ -3,7 +3,9 @@
 //! they would be across machines.
 
 use anyhow::{anyhow, bail, Context, Result};
+use api::units::UnitError;
 use clap::{Args, ValueEnum};
+use client::Requester;
 use engine::config::{ContainerConfig, Unavailable};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -558,7 +560,7 @@ fn detach(args: &UpArgs, state: &Path) -> Result<()> {
         if let Some(status) = child.try_wait()? {
             bail!("staccato exited during start-up ({status}); see {}", log_path.display());
         }
-        if let Ok(mut c) = client::Client::new(&url, None) {
+        if let Ok(mut c) = client::Gateway::new(&url, None, Duration::from_secs(2)) {
             if c.request("GET", "/healthz", b"").is_ok_and(|r| r.status == 200) {
                 println!(
                     "Staccato is up in the background (pid {}): gateway {url}, log {}",
@@ -631,20 +633,20 @@ pub fn init_logging() {
 }
 
 /// A duration flag whose bare numbers are milliseconds (`0` is allowed).
-fn ms_flag(v: &str) -> Result<Duration, String> {
+fn ms_flag(v: &str) -> Result<Duration, UnitError> {
     duration_flag(v, Duration::from_millis(1))
 }
 
 /// A duration flag whose bare numbers are seconds (`0` is allowed).
-fn secs_flag(v: &str) -> Result<Duration, String> {
+fn secs_flag(v: &str) -> Result<Duration, UnitError> {
     duration_flag(v, Duration::from_secs(1))
 }
 
-fn duration_flag(v: &str, bare: Duration) -> Result<Duration, String> {
+fn duration_flag(v: &str, bare: Duration) -> Result<Duration, UnitError> {
     if v.trim() == "0" {
         return Ok(Duration::ZERO);
     }
-    api::units::parse_duration(v, bare).map_err(|e| e.to_string())
+    api::units::parse_duration(v, bare)
 }
 
 #[cfg(test)]
@@ -659,7 +661,7 @@ mod tests {
         assert_eq!(secs_flag("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(secs_flag("1.5"), Ok(Duration::from_millis(1500)));
         assert_eq!(secs_flag("0"), Ok(Duration::ZERO));
-        assert!(secs_flag("soon").unwrap_err().contains("\"soon\""));
+        assert!(secs_flag("soon").unwrap_err().to_string().contains("\"soon\""));
         assert!(ms_flag("-5").is_err());
     }
 }
