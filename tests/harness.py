@@ -167,8 +167,8 @@ class Server:
         assert st, f"engine has no status for {name}"
         return st["scheduler"]
 
-    def cli(self, *args, token=None, timeout=60):
-        env = clean_env(STACCATO_GATEWAY=self.gateway)
+    def cli(self, *args, token=None, timeout=60, extra_env=None):
+        env = clean_env(STACCATO_GATEWAY=self.gateway, **(extra_env or {}))
         token = token or self.token
         if token:
             env["STACCATO_TOKEN"] = token

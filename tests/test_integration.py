@@ -519,6 +519,20 @@ def test_management_api(server):
     assert p.returncode != 0 and "not_found" in p.stderr, (p.stdout, p.stderr)
 
 
+def test_cli_ignores_proxies_and_checks_names_before_sending(server):
+    # The token must reach the gateway named and no proxy: with one set
+    # (pointing nowhere), the CLI still talks to the loopback gateway.
+    nowhere = "http://127.0.0.1:9"
+    p = server.cli("invoke", "echo-c", "--data", "direct",
+                   extra_env={"HTTP_PROXY": nowhere, "ALL_PROXY": nowhere, "http_proxy": nowhere})
+    assert p.returncode == 0 and p.stdout.strip() == "c:direct", (p.stdout, p.stderr)
+    # A name no function can have is refused as such, not as an unreachable gateway.
+    for bad in ["my fn", "../system/functions", "x/y"]:
+        p = server.cli("invoke", bad, "--data", "x")
+        assert p.returncode != 0 and "invalid function name" in p.stderr, (bad, p.stdout, p.stderr)
+        assert "cannot reach" not in p.stderr, p.stderr
+
+
 def test_token_guards_management_api(tmp_path):
     manifest = _write(tmp_path / "m" / "staccato.yml",
                       f"functions:\n  echo:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n")

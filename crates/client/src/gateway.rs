@@ -7,7 +7,8 @@
 //! is dropped before it is used, and a failure after the request went out
 //! is returned, so an invocation cannot run twice. Redirects are not
 //! followed (the gateway sends none; following one would turn a POST into
-//! a GET elsewhere).
+//! a GET elsewhere), and no proxy from the environment is used: the token
+//! goes to the gateway named and nowhere else.
 
 use crate::http::{Requester, Response};
 use std::io;
@@ -27,9 +28,12 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// `base` is like `http://127.0.0.1:8080`. `timeout` bounds a whole
-    /// request, from connecting to the last byte of the answer.
-    pub fn new(base: &str, token: Option<String>, timeout: Duration) -> io::Result<Gateway> {
+    /// `base` is like `http://127.0.0.1:8080`. `timeout`, if any, bounds a
+    /// whole request, from connecting to the last byte of the answer;
+    /// without it only the answer may take any time (a deploy's builds, a
+    /// call's own timeout), while connecting, sending and reading the body
+    /// are bounded.
+    pub fn new(base: &str, token: Option<String>, timeout: Option<Duration>) -> io::Result<Gateway> {
         if base.starts_with("https://") {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "https is not supported; use http://"));
         }
@@ -44,8 +48,11 @@ impl Gateway {
         let config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
+            .proxy(None)
             .timeout_connect(Some(Duration::from_secs(3)))
-            .timeout_global(Some(timeout))
+            .timeout_send_request(Some(Duration::from_secs(60)))
+            .timeout_recv_body(Some(Duration::from_secs(120)))
+            .timeout_global(timeout)
             .build();
         Ok(Gateway {
             agent: ureq::Agent::new_with_config(config),
@@ -133,7 +140,7 @@ mod tests {
                 }
             }
         });
-        let mut g = Gateway::new(&format!("http://{addr}"), None, Duration::from_secs(5)).unwrap();
+        let mut g = Gateway::new(&format!("http://{addr}"), None, None).unwrap();
         assert_eq!(g.request("GET", "/a", b"").unwrap().body, b"ok");
         assert!(g.request("POST", "/function/f", b"input").is_err());
         std::thread::sleep(Duration::from_millis(100));
@@ -141,7 +148,8 @@ mod tests {
     }
 
     /// Error statuses are answers (the gateway's JSON error body is read),
-    /// the token goes in a bearer header, and a redirect is not followed.
+    /// the token goes in a bearer header to the gateway (never to a proxy
+    /// from the environment), and a redirect is not followed.
     #[test]
     fn statuses_bodies_and_the_token_reach_the_caller() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -160,11 +168,16 @@ mod tests {
             }
             heads
         });
-        let mut g = Gateway::new(&format!("http://{addr}/"), Some("sekrit".into()), Duration::from_secs(5)).unwrap();
+        // A proxy in the environment is not used: the token must not leave
+        // for it, and it could not reach a loopback gateway anyway.
+        std::env::set_var("HTTP_PROXY", "http://127.0.0.1:9");
+        std::env::set_var("ALL_PROXY", "http://127.0.0.1:9");
+        let mut g =
+            Gateway::new(&format!("http://{addr}/"), Some("sekrit".into()), Some(Duration::from_secs(5))).unwrap();
         let r = g.request("POST", "/function/f", b"in").unwrap();
         assert_eq!((r.status, r.header("Retry-After"), &r.body[..]), (503, Some("1"), &b"busy"[..]));
         drop(g);
-        let mut g = Gateway::new(&format!("http://{addr}"), None, Duration::from_secs(5)).unwrap();
+        let mut g = Gateway::new(&format!("http://{addr}"), None, None).unwrap();
         assert_eq!(g.request("POST", "/function/f", b"in").unwrap().status, 302);
         let heads = t.join().unwrap();
         assert!(heads[0].contains("authorization: bearer sekrit"), "{}", heads[0]);
@@ -174,7 +187,7 @@ mod tests {
     #[test]
     fn https_and_paths_in_the_base_are_refused() {
         for bad in ["https://127.0.0.1:1", "http://127.0.0.1:1/api", "http://"] {
-            assert!(Gateway::new(bad, None, Duration::from_secs(1)).is_err(), "{bad}");
+            assert!(Gateway::new(bad, None, None).is_err(), "{bad}");
         }
     }
 }

@@ -215,7 +215,10 @@ pub fn build_config(extra_hosts: &[String]) -> Result<sandbox::BuildConfig> {
 fn go_seed(cfg: &EngineConfig, seed_root: &Path) -> Result<PathBuf> {
     let script = cfg.runtimes_dir.join("go/build-function.sh");
     let go_dir = cfg.runtimes_dir.join("go");
-    let version = Command::new(go_command()).args(["env", "GOVERSION"]).output().map_err(Error::io("running go"))?;
+    let version = Command::new(go_command())
+        .args(["env", "GOVERSION"])
+        .output()
+        .map_err(|e| Error::Unavailable(format!("running go: {e}")))?;
     let mut key = String::from_utf8_lossy(&version.stdout).trim().to_string();
     if !version.status.success() || key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.') {
         let stderr = String::from_utf8_lossy(&version.stderr);

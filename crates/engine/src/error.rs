@@ -2,7 +2,6 @@
 //! messages reach the person deploying, so they name the file, the tool and
 //! what it said.
 
-use api::control::RefusalKind;
 use std::io;
 
 #[derive(Debug, thiserror::Error)]
@@ -32,25 +31,15 @@ pub enum Error {
     #[error("{0}")]
     Start(String),
     /// The engine's own files: what was being done, and why it failed.
-    #[error("{what}: {source}")]
-    Io { what: String, source: io::Error },
+    #[error("{what}: {error}")]
+    Io { what: String, error: io::Error },
 }
 
 impl Error {
     /// For `map_err` on an io::Result: `Error::io(format!("creating {p}"))`.
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
         let what = what.into();
-        move |source| Error::Io { what, source }
-    }
-
-    /// How a control reply classifies this error when it stops a request
-    /// whose failures are otherwise `default` (a build's are BuildFailed).
-    pub fn refusal_kind(&self, default: RefusalKind) -> RefusalKind {
-        match self {
-            Error::Io { .. } | Error::Packages(pkgcache::Error::Io { .. }) => RefusalKind::Internal,
-            Error::Sandbox(sandbox::Error::ShuttingDown) => RefusalKind::ShuttingDown,
-            _ => default,
-        }
+        move |error| Error::Io { what, error }
     }
 }
 

@@ -16,6 +16,10 @@ use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
+use sys::channel::{MessageReader, ReadStatus};
+use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use wire::message::{shm_file_name, Header, Kind, Message, INLINE_LEN_MAX};
+use wire::ErrorKind;
 
 /// A message a function's process may not send: the channel is closed.
 #[derive(Debug, thiserror::Error)]
@@ -25,10 +29,6 @@ enum ProtocolError {
     #[error("unexpected {0:?} message")]
     Unexpected(wire::Kind),
 }
-use sys::channel::{MessageReader, ReadStatus};
-use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
-use wire::message::{shm_file_name, Header, Kind, Message, INLINE_LEN_MAX};
-use wire::ErrorKind;
 
 pub(crate) const WAKER: Token = Token(0);
 

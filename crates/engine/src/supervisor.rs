@@ -93,7 +93,7 @@ impl Supervisor {
         })?;
         let deps = crate::code::prepare(cfg, &self.shared.builds, &spec, &code_dir).map_err(|e| {
             let _ = fs::remove_dir_all(&code_dir);
-            Refusal::new(e.refusal_kind(RefusalKind::BuildFailed), e.to_string())
+            Refusal::new(RefusalKind::BuildFailed, e.to_string())
         })?;
         let internal = |m: String| Refusal::new(RefusalKind::Internal, m);
         if !deps.entries.is_empty() {

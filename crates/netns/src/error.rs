@@ -16,8 +16,8 @@ pub enum Error {
     #[error("`{tool}` not found in PATH or /usr/sbin: install the Debian package {package}")]
     ToolMissing { tool: String, package: String },
     /// Reading or writing /proc, /sys or /run/netns.
-    #[error("{what}: {source}")]
-    Io { what: String, source: io::Error },
+    #[error("{what}: {error}")]
+    Io { what: String, error: io::Error },
     /// `ip` or `nft` could not run, or exited non-zero: the command, and
     /// why (exit status, stderr and the numbered batch input).
     #[error("{command} {detail}")]
@@ -46,7 +46,7 @@ pub enum Error {
 impl Error {
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
         let what = what.into();
-        move |source| Error::Io { what, source }
+        move |error| Error::Io { what, error }
     }
 }
 

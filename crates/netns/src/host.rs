@@ -73,8 +73,8 @@ pub(crate) fn ifindex(name: &str) -> Result<u32> {
     let path = Path::new("/sys/class/net").join(name).join("ifindex");
     let text = fs::read_to_string(&path).map_err(Error::io(format!("reading {}", path.display())))?;
     text.trim().parse().map_err(|e| Error::Io {
-        what: format!("{}: {text:?}", path.display()),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        what: format!("{}: {:?}", path.display(), text.trim()),
+        error: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
     })
 }
 

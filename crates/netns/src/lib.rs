@@ -209,7 +209,7 @@ impl Networks {
                 Ok(dir) => dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect(),
                 // No directory: `ip netns add` has never run here.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(e) => return Err(Error::Io { what: format!("listing {}", naming::NETNS_DIR), source: e }),
+                Err(e) => return Err(Error::Io { what: format!("listing {}", naming::NETNS_DIR), error: e }),
             };
             let namespaces = namespaces.into_iter().filter(|n| naming::index_in(n, &netns_lead).is_some()).collect();
             let links = host::interfaces()?.into_iter().filter(|n| naming::index_in(n, &if_lead).is_some()).collect();

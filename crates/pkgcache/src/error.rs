@@ -6,8 +6,8 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The cache's own files: what was being done, and why it failed.
-    #[error("{what}: {source}")]
-    Io { what: String, source: io::Error },
+    #[error("{what}: {error}")]
+    Io { what: String, error: io::Error },
     /// The interpreter or package manager is missing, broken or too old.
     #[error("{0}")]
     Toolchain(String),
@@ -19,9 +19,9 @@ pub enum Error {
     #[error("{0}")]
     Tool(String),
     #[error(
-        "cache entry {id} was removed while this deploy was using it ({source}; a concurrent prune?); deploy again"
+        "cache entry {id} was removed while this deploy was using it ({error}; a concurrent prune?); deploy again"
     )]
-    EntryGone { id: String, source: io::Error },
+    EntryGone { id: String, error: io::Error },
     /// Several packages failed to install, each for its own reason.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     Several(Vec<Error>),
@@ -31,7 +31,7 @@ impl Error {
     /// For `map_err` on an io::Result: `Error::io(format!("reading {p}"))`.
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
         let what = what.into();
-        move |source| Error::Io { what, source }
+        move |error| Error::Io { what, error }
     }
 }
 

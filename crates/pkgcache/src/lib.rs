@@ -240,10 +240,10 @@ impl Cache {
         let python = interp.executable.as_path();
         let file_name = requirements.file_name().unwrap_or(requirements.as_os_str()).to_string_lossy();
         progress(&format!("resolving {file_name}"));
-        let requirements =
-            fs::canonicalize(requirements).map_err(Error::io(format!("cannot read {}", requirements.display())))?;
-        let text =
-            fs::read_to_string(&requirements).map_err(Error::io(format!("cannot read {}", requirements.display())))?;
+        let requirements = fs::canonicalize(requirements)
+            .map_err(|e| Error::Input(format!("cannot read {}: {e}", requirements.display())))?;
+        let text = fs::read_to_string(&requirements)
+            .map_err(|e| Error::Input(format!("cannot read {}: {e}", requirements.display())))?;
         let pins = python::pinned_lines(&text);
         let memo_key = python::memo_key(&interp, &text);
         if pins.is_some() {
@@ -330,7 +330,7 @@ impl Cache {
             match staging.publish(&self.layout, &id, meta, node::PAYLOAD) {
                 Ok(Published::New) => 1,
                 Ok(Published::AlreadyThere) => 0,
-                Err(e) => return Err(Error::Io { what: format!("publishing {label} in the cache"), source: e }),
+                Err(e) => return Err(Error::Io { what: format!("publishing {label} in the cache"), error: e }),
             }
         };
         self.touch_all(std::slice::from_ref(&id))?;
@@ -479,7 +479,7 @@ impl Cache {
     /// when the caller gets the directories.
     fn touch_all(&self, ids: &[String]) -> Result<()> {
         for id in ids {
-            self.layout.touch(id).map_err(|source| Error::EntryGone { id: id.clone(), source })?;
+            self.layout.touch(id).map_err(|error| Error::EntryGone { id: id.clone(), error })?;
         }
         Ok(())
     }

@@ -242,7 +242,7 @@ pub(crate) fn resolve(runner: &dyn Runner, python: &Path, requirements: &Path, r
         Err(ToolError::Stopped(why)) => return Err(Error::Tool(format!("resolving {file}: {why}"))),
     }
     let text = text.map_err(|e| Error::Tool(format!("pip wrote no report for {file}: {e}")))?;
-    parse_report(&text).map_err(|e| Error::Input(format!("cannot read pip's report for {file}: {e}")))
+    parse_report(&text).map_err(|e| Error::Tool(format!("cannot read pip's report for {file}: {e}")))
 }
 
 fn resolve_error(file: &str, pip_lines: &str) -> String {

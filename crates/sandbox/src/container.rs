@@ -161,12 +161,12 @@ impl Container {
         let config =
             bundle::config(settings, &id, &dir, uid, net.as_ref().map(|n| n.path.as_path()), &settings.neutral);
         if let Err(e) = fs::write(dir.join("config.json"), config.to_string()) {
-            return fail(Error::Io { what: "writing config.json".into(), source: e }, &net);
+            return fail(Error::Io { what: "writing config.json".into(), error: e }, &net);
         }
         let err_path = dir.join("runc.err");
         let err_file = match File::create(&err_path) {
             Ok(f) => f,
-            Err(e) => return fail(Error::Io { what: format!("creating {}", err_path.display()), source: e }, &net),
+            Err(e) => return fail(Error::Io { what: format!("creating {}", err_path.display()), error: e }, &net),
         };
         // runc's stdio must be files: a pipe would be inherited by init and
         // never reach end-of-file.
@@ -184,7 +184,7 @@ impl Container {
                 let why = fs::read_to_string(&err_path).unwrap_or_default();
                 return fail(Error::Runc { id: id.clone(), stderr: why.trim().to_string() }, &net);
             }
-            Err(e) => return fail(Error::Io { what: format!("running {}", settings.runc.display()), source: e }, &net),
+            Err(e) => return fail(Error::Io { what: format!("running {}", settings.runc.display()), error: e }, &net),
         }
         let init_pid = fs::read_to_string(dir.join("init.pid")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
         let mut reader = StatusReader { fifo: status, buf: Vec::new() };
@@ -218,7 +218,7 @@ impl Container {
             if let Err(e) = fs::write(shared.join("cgroup.procs"), init_pid.to_string()) {
                 let c = c(reader, Vec::new());
                 c.destroy(settings, nets);
-                return Err(Error::Io { what: format!("moving {id} into the engine's CPU group"), source: e });
+                return Err(Error::Io { what: format!("moving {id} into the engine's CPU group"), error: e });
             }
         }
         let template = mount_table(init_pid).unwrap_or_default();

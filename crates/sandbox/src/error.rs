@@ -6,8 +6,8 @@ use std::io;
 pub enum Error {
     /// A host file operation (slot FIFOs, cgroup files, mounts): what was
     /// being done, and why it failed.
-    #[error("{what}: {source}")]
-    Io { what: String, source: io::Error },
+    #[error("{what}: {error}")]
+    Io { what: String, error: io::Error },
     #[error(transparent)]
     Net(#[from] netns::Error),
     #[error("runc run {id} failed: {stderr}")]
@@ -36,7 +36,7 @@ impl Error {
     /// For `map_err` on an io::Result: `Error::io(format!("reading {p}"))`.
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
         let what = what.into();
-        move |source| Error::Io { what, source }
+        move |error| Error::Io { what, error }
     }
 }
 

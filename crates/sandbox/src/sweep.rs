@@ -59,7 +59,7 @@ pub fn claim(prefix: &str) -> Result<Claim> {
             let pid = fs::read_to_string(&path).unwrap_or_default();
             Err(Error::PrefixInUse { prefix: prefix.to_string(), pid: pid.trim().to_string() })
         }
-        Err(fs::TryLockError::Error(e)) => Err(Error::Io { what: format!("locking {}", path.display()), source: e }),
+        Err(fs::TryLockError::Error(e)) => Err(Error::Io { what: format!("locking {}", path.display()), error: e }),
     }
 }
 

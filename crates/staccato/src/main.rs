@@ -8,7 +8,7 @@ mod cache_cmd;
 mod new;
 mod up;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
 use client::{check, Gateway, Requester};
 use serde_json::Value;
@@ -107,15 +107,10 @@ fn main() {
     }
 }
 
-/// How long one request may take: above the longest function timeout (15
-/// minutes), since the gateway answers a call that runs out itself, and
-/// above a deploy's build.
-const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(16 * 60);
-
 fn run(cli: Cli) -> Result<()> {
     let tok = token(&cli);
     let client = || -> Result<Gateway> {
-        Gateway::new(&cli.gateway, tok.clone(), REQUEST_TIMEOUT).with_context(|| format!("gateway {}", cli.gateway))
+        Gateway::new(&cli.gateway, tok.clone(), None).with_context(|| format!("gateway {}", cli.gateway))
     };
     match cli.cmd {
         Cmd::Up(args) => up::up(args),
@@ -131,6 +126,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Rm { ref names } => {
             let mut c = client()?;
             for n in names {
+                function_name(n)?;
                 let r =
                     c.request("DELETE", &format!("/system/functions/{n}"), b"").map_err(unreachable(&cli.gateway))?;
                 check(&r)?;
@@ -155,7 +151,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Trace { ref name, limit } => {
             let mut path = format!("/system/trace?limit={limit}");
             if let Some(n) = name {
-                path.push_str(&format!("&function={n}"));
+                path.push_str(&format!("&function={}", function_name(n)?));
             }
             let r = client()?.request("GET", &path, b"").map_err(unreachable(&cli.gateway))?;
             let v = check(&r)?;
@@ -193,9 +189,18 @@ fn token(cli: &Cli) -> Option<String> {
     if cli.token.is_some() {
         return cli.token.clone();
     }
-    let local = Gateway::new(&cli.gateway, None, REQUEST_TIMEOUT).is_ok_and(|c| c.is_loopback());
+    let local = Gateway::new(&cli.gateway, None, None).is_ok_and(|c| c.is_loopback());
     let state = up::state_dir(std::env::var_os("STACCATO_STATE_DIR").map(PathBuf::from));
     local.then(|| client::read_token(&state)).flatten()
+}
+
+/// A name that can be a function's, checked before it goes into a URL: a
+/// space or a slash would otherwise fail as if the gateway were down.
+fn function_name(name: &str) -> Result<&str> {
+    if !wire::valid_function_name(name) {
+        bail!("invalid function name {name:?}: use 1-64 characters of a-z, 0-9, '-' and '_', starting with a letter");
+    }
+    Ok(name)
 }
 
 fn unreachable(gw: &str) -> impl Fn(std::io::Error) -> anyhow::Error + '_ {
@@ -239,6 +244,7 @@ fn deploy(c: &mut Gateway, path: &Path) -> Result<()> {
 }
 
 fn invoke(c: &mut Gateway, name: &str, data: Option<&str>, timeout_ms: Option<u32>, verbose: bool) -> Result<()> {
+    function_name(name)?;
     let input = match data {
         Some(d) => d.as_bytes().to_vec(),
         None if std::io::IsTerminal::is_terminal(&std::io::stdin()) => Vec::new(),

@@ -560,7 +560,7 @@ fn detach(args: &UpArgs, state: &Path) -> Result<()> {
         if let Some(status) = child.try_wait()? {
             bail!("staccato exited during start-up ({status}); see {}", log_path.display());
         }
-        if let Ok(mut c) = client::Gateway::new(&url, None, Duration::from_secs(2)) {
+        if let Ok(mut c) = client::Gateway::new(&url, None, Some(Duration::from_secs(2))) {
             if c.request("GET", "/healthz", b"").is_ok_and(|r| r.status == 200) {
                 println!(
                     "Staccato is up in the background (pid {}): gateway {url}, log {}",
