@@ -13,6 +13,8 @@ pub enum Error {
     BadPrefix(String),
     #[error("network index {0} out of range: 10.200.0.0/16 holds {max} /30 subnets", max = crate::NETS_MAX)]
     IndexOutOfRange(u32),
+    #[error("a testbed has 1 to {max} hosts, not {0}", max = crate::testbed::HOSTS_MAX)]
+    HostCount(u32),
     #[error("`{tool}` not found in PATH or /usr/sbin: install the Debian package {package}")]
     ToolMissing { tool: String, package: String },
     /// Reading or writing /proc, /sys or /run/netns.

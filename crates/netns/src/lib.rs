@@ -21,6 +21,9 @@
 //! machine is shared, and no global sysctl (ip_forward) is touched.
 //!
 //! Needs root and the Debian packages iproute2 and nftables.
+//!
+//! [`testbed`] is the other use of namespaces here: test hosts standing
+//! for the servers of a cluster.
 
 #![forbid(unsafe_code)]
 
@@ -30,6 +33,7 @@ mod exec;
 mod host;
 mod naming;
 mod ruleset;
+pub mod testbed;
 
 pub use error::{Error, Result};
 pub use naming::{NETS_MAX, NS_IF, PREFIX_LEN_MAX, SUBNET_PREFIX_LEN};
