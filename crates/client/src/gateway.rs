@@ -109,37 +109,14 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::net::TcpListener;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     /// A server that answers the first request on a connection, then reads
     /// the second without answering and closes: the POST that went out
     /// must come back as an error, never be sent a second time.
     #[test]
     fn a_sent_post_is_never_retried() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let requests = Arc::new(AtomicUsize::new(0));
-        let seen = requests.clone();
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let mut served = 0;
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    seen.fetch_add(buf[..n].windows(9).filter(|w| w == b"HTTP/1.1\r").count(), Ordering::SeqCst);
-                    served += 1;
-                    if served == 1 {
-                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
-                    } else {
-                        break;
-                    }
-                }
-            }
-        });
+        let (addr, requests) = crate::test_server::answers_once_then_hangs_up();
         let mut g = Gateway::new(&format!("http://{addr}"), None, None).unwrap();
         assert_eq!(g.request("GET", "/a", b"").unwrap().body, b"ok");
         assert!(g.request("POST", "/function/f", b"input").is_err());

@@ -191,37 +191,14 @@ mod tests {
     use super::*;
     use std::io::Read;
     use std::net::TcpListener;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
 
     /// A server that answers the first request on a connection and reads
     /// the second without answering, then closes: a POST that went out must
     /// not be sent again.
     #[test]
     fn a_sent_post_is_never_retried() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let requests = Arc::new(AtomicUsize::new(0));
-        let seen = requests.clone();
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let mut served = 0;
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    seen.fetch_add(buf[..n].windows(9).filter(|w| w == b"HTTP/1.1\r").count(), Ordering::SeqCst);
-                    served += 1;
-                    if served == 1 {
-                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
-                    } else {
-                        break; // read the POST, answer nothing, close
-                    }
-                }
-            }
-        });
+        let (addr, requests) = crate::test_server::answers_once_then_hangs_up();
         let mut c = Client::new(&format!("http://{addr}"), None).unwrap();
         assert_eq!(c.request("GET", "/a", b"").unwrap().body, b"ok");
         assert!(c.request("POST", "/function/f", b"input").is_err());

@@ -7,6 +7,8 @@
 pub mod deploy;
 pub mod gateway;
 pub mod http;
+#[cfg(test)]
+mod test_server;
 
 pub use gateway::Gateway;
 pub use http::{Client, Requester, Response};
