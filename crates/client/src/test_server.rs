@@ -1,9 +1,11 @@
 //! A misbehaving server for the clients' tests.
 
+use crate::Requester;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A server that answers the first request on each connection, then reads
 /// the second without answering and closes. Returns its address and the
@@ -34,4 +36,16 @@ pub fn answers_once_then_hangs_up() -> (SocketAddr, Arc<AtomicUsize>) {
         }
     });
     (addr, requests)
+}
+
+/// Checks that the client `connect` makes never sends a POST twice: the
+/// server answers a GET, then takes the POST and hangs up; the client must
+/// report the POST failed, and the server must have seen it once.
+pub fn check_a_sent_post_is_never_retried<C: Requester>(connect: impl FnOnce(&str) -> C) {
+    let (addr, requests) = answers_once_then_hangs_up();
+    let mut c = connect(&format!("http://{addr}"));
+    assert_eq!(c.request("GET", "/a", b"").unwrap().body, b"ok");
+    assert!(c.request("POST", "/function/f", b"input").is_err());
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(requests.load(Ordering::SeqCst), 2, "the POST was sent again");
 }
