@@ -7,6 +7,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -33,9 +34,21 @@ if not BIN.is_file():
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range: a port the kernel
+    picked for us could be picked again for a socket the server binds to
+    port 0 (the build proxy) before the server takes it."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port below the ephemeral range")
 
 
 def clean_env(**extra):

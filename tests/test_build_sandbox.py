@@ -251,4 +251,144 @@ def test_builds_are_stopped_at_their_time_and_memory_limits(tmp_path):
             if name == "hog":
                 assert "ran out of memory (limit 128 MiB" in p.stderr, p.stderr
             else:
-                assert "stopped after 3 s" in p.stderr, p.stderr
+                assert "stopped after" in p.stderr and "may take 3 s" in p.stderr, p.stderr
+
+
+SLOW_BACKEND = '''
+"""A PEP 517 backend that works, slowly: each hook pip calls sleeps."""
+import base64, hashlib, os, time, zipfile
+
+NAME, VERSION = "slowpkg", "0.1"
+DIST_INFO = f"{NAME}-{VERSION}.dist-info"
+PAUSE = float(os.environ.get("SLOW_PAUSE", "PAUSE_S"))
+
+
+def _metadata():
+    return f"Metadata-Version: 2.1\\nName: {NAME}\\nVersion: {VERSION}\\n"
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    time.sleep(PAUSE)
+    d = os.path.join(metadata_directory, DIST_INFO)
+    os.makedirs(d)
+    with open(os.path.join(d, "METADATA"), "w") as f:
+        f.write(_metadata())
+    return DIST_INFO
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    time.sleep(PAUSE)
+    name = f"{NAME}-{VERSION}-py3-none-any.whl"
+    files = {
+        f"{NAME}.py": "VALUE = 42\\n",
+        f"{DIST_INFO}/METADATA": _metadata(),
+        f"{DIST_INFO}/WHEEL": "Wheel-Version: 1.0\\nGenerator: slow\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+    }
+    record = []
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        for path, text in files.items():
+            data = text.encode()
+            z.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{path},sha256={digest},{len(data)}")
+        record.append(f"{DIST_INFO}/RECORD,,")
+        z.writestr(f"{DIST_INFO}/RECORD", "\\n".join(record) + "\\n")
+    return name
+'''
+
+
+def _slow_function(tmp_path, name, pause_s):
+    """A Python function whose requirements name a local sdist with a slow
+    build backend: resolving it and installing it each take `pause_s`."""
+    import tarfile
+    src = tmp_path / name
+    pkg = tmp_path / f"{name}-pkg" / "slowpkg-0.1"
+    pkg.mkdir(parents=True)
+    src.mkdir()
+    (pkg / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n\n'
+        '[project]\nname = "slowpkg"\nversion = "0.1"\n')
+    (pkg / "backend.py").write_text(SLOW_BACKEND.replace("PAUSE_S", str(pause_s)))
+    (pkg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: slowpkg\nVersion: 0.1\n")
+    with tarfile.open(src / "slowpkg-0.1.tar.gz", "w:gz") as t:
+        t.add(pkg, arcname="slowpkg-0.1")
+    (src / "requirements.txt").write_text("./slowpkg-0.1.tar.gz\n")
+    (src / "handler.py").write_text("import slowpkg\n\ndef handle(ctx, data):\n    return str(slowpkg.VALUE).encode()\n")
+    manifest = tmp_path / f"{name}.yml"
+    manifest.write_text(f"functions:\n  {name}:\n    runtime: python\n    source: {name}\n")
+    return manifest
+
+
+def _echo_function(tmp_path, name):
+    src = tmp_path / name
+    src.mkdir()
+    (src / "handler.py").write_text("def handle(ctx, data):\n    return data\n")
+    manifest = tmp_path / f"{name}.yml"
+    manifest.write_text(f"functions:\n  {name}:\n    runtime: python\n    source: {name}\n")
+    return manifest
+
+
+def test_a_long_build_holds_up_no_other_deploy_or_request(srv, tmp_path):
+    """While one deploy builds for seconds, another deploys and is called,
+    and the management API answers; the slow one then lands too."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    slow = _slow_function(tmp_path, "slow-build", 4)
+    with ThreadPoolExecutor(1) as ex:
+        started = time.monotonic()
+        pending = ex.submit(srv.cli, "deploy", slow, timeout=300)
+        # Until the slow build has started (its deploy reached the engine).
+        wait_until = time.monotonic() + 30
+        while "slow-build: resolving" not in srv.log_path.read_text() and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        t = time.monotonic()
+        srv.deploy(_echo_function(tmp_path, "quick"))
+        assert ok_body(srv.invoke("quick", b"hi")) == b"hi"
+        assert srv.get("/system/functions").status == 200
+        quick_s = time.monotonic() - t
+        p = pending.result()
+        slow_s = time.monotonic() - started
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert ok_body(srv.invoke("slow-build", b"")) == b"42"
+    # The slow build sleeps 4 s twice (resolve, install); the quick deploy
+    # took what a plain deploy takes, not what was left of the slow one.
+    assert slow_s >= 8, slow_s
+    assert quick_s < 4, f"the quick deploy waited {quick_s:.1f} s"
+
+
+def test_the_build_timeout_bounds_the_whole_deploy(tmp_path):
+    """Two build steps of 2.5 s each, with --build-timeout-s 4: each is
+    under the limit, together they are over it: the deploy is stopped."""
+    with own_server(tmp_path / "deadline", extra=["--build-timeout-s", "4"]) as s:
+        p = s.cli("deploy", _slow_function(tmp_path, "slow-twice", 2.5), timeout=120)
+        assert p.returncode != 0, p.stdout
+        # Stopped in the second step (the install), not the first.
+        assert "the deploy's builds together may take 4 s" in p.stderr, p.stderr
+        assert "installing slowpkg" in p.stderr, p.stderr
+
+
+def test_a_removal_during_a_deploy_cancels_it(srv, tmp_path):
+    """`rm` while the function builds: the removal is answered at once, the
+    deploy is answered 409 superseded when its build ends, and nothing of
+    it runs or is listed afterwards."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    slow = _slow_function(tmp_path, "cancelled", 2)
+    with ThreadPoolExecutor(1) as ex:
+        pending = ex.submit(srv.cli, "deploy", slow, timeout=300)
+        wait_until = time.monotonic() + 30
+        while "cancelled: resolving" not in srv.log_path.read_text() and time.monotonic() < wait_until:
+            time.sleep(0.05)
+        t = time.monotonic()
+        r = srv.cli("rm", "cancelled")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert time.monotonic() - t < 3
+        p = pending.result()
+    assert p.returncode != 0, p.stdout
+    assert "superseded" in p.stderr and "409" in p.stderr, p.stderr
+    assert srv.get("/system/functions/cancelled").status == 404
+    assert srv.invoke("cancelled").status == 404

@@ -79,6 +79,13 @@ async def handle(ctx, data):
     return str(d).encode() + b"," + await _call(ctx, ctx.function, str(d - 1).encode())
 
 
+async def slow(ctx, data):
+    # handle, with a pause before each level: calls side by side interleave.
+    import asyncio
+    await asyncio.sleep(0.3)
+    return await handle(ctx, data)
+
+
 async def ping(ctx, data):
     # ping(n) -> pong(n) -> ping(n - 1) ...; "inf" never ends.
     return b"ping," + await _call(ctx, "pong", data)
@@ -108,6 +115,8 @@ def srv(tmp_path_factory):
                                      "    timeout: 20s\n"
                                      "  rec-wide:\n    runtime: python\n    handler: rec:handle\n    max_workers: 24\n"
                                      "    timeout: 20s\n"
+                                     "  rec-pair:\n    runtime: python\n    handler: rec:slow\n    max_workers: 4\n"
+                                     "    min_workers: 2\n    timeout: 20s\n"
                                      "  ping:\n    runtime: python\n    handler: rec:ping\n    max_workers: 64\n"
                                      "    timeout: 20s\n"
                                      "  pong:\n    runtime: python\n    handler: rec:pong\n    max_workers: 64\n"
@@ -124,10 +133,13 @@ def engine_port(s):
 
 
 ERROR = 4  # frame kind (docs/protocol.md §2)
+# The link protocol's version, as the engine speaks it.
+PROTOCOL = int(re.search(r"PROTOCOL_VERSION: u16 = (\d+)",
+                         (FUNCS.parent.parent / "crates/api/src/auth.rs").read_text())[1])
 
 ATTACK = r"""
 import json, os, socket, struct, sys
-port = int(sys.argv[1])
+port, version = int(sys.argv[1]), int(sys.argv[2])
 def frame(kind, body=b"", a=0):
     return struct.pack("<IHHQIIII", len(body), kind, 0, 0, a, 0, 0, 0) + body
 out = {"uid": os.getuid()}
@@ -148,9 +160,9 @@ def read_all(s, key):
 data = read_all(s, "error1")
 out["reply1"] = data[32:].decode(errors="replace")
 out["kind1"] = struct.unpack_from("<H", data, 4)[0] if len(data) >= 32 else None
-# 2. A well-formed protocol-4 hello answered with a made-up proof.
+# 2. A well-formed hello of the current version answered with a made-up proof.
 s = socket.create_connection(("127.0.0.1", port), timeout=5)
-s.sendall(frame(1, b"STCO" + struct.pack("<HBB", 4, 1, 0) + os.urandom(32)))
+s.sendall(frame(1, b"STCO" + struct.pack("<HBB", version, 1, 0) + os.urandom(32)))
 head = s.recv(32)
 n = struct.unpack_from("<I", head)[0]
 s.recv(n)
@@ -165,12 +177,12 @@ def test_engine_port_refuses_unauthenticated_peers(srv):
     """A local unprivileged user (nobody) speaks to the engine port directly."""
     port = engine_port(srv)
     nobody = 65534
-    p = subprocess.run(["python3", "-c", ATTACK, str(port)], capture_output=True, text=True, timeout=30,
+    p = subprocess.run(["python3", "-c", ATTACK, str(port), str(PROTOCOL)], capture_output=True, text=True, timeout=30,
                        preexec_fn=lambda: (os.setgid(nobody), os.setuid(nobody)))
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["uid"] == nobody
-    assert out["kind1"] == ERROR and "protocol version 4" in out["reply1"], out
+    assert out["kind1"] == ERROR and f"protocol version {PROTOCOL}" in out["reply1"], out
     assert "authentication failed" in out["reply2"], out
     # Nothing got registered, nothing answered a status request.
     assert srv.get("/system/functions/pwned").status == 404
@@ -432,6 +444,23 @@ def test_recursion_deeper_than_max_workers_fails_at_once(srv):
     # With room for every level, depth 20 runs.
     out = ok_body(srv.invoke("rec-wide", b"20", timeout=30)).decode()
     assert out == ",".join(str(d) for d in range(20, -1, -1)), out
+
+
+def test_chains_that_hold_every_worker_between_them_are_broken_at_once(srv):
+    """Two calls recurse side by side (3 levels below each, 4 workers
+    each would need; max_workers 4): they end up holding 2 workers each,
+    each waiting for a 5th. Neither chain alone holds them all, so neither
+    call was refused on arrival; the engine sees that every worker waits on
+    a queued call and refuses the newest of those, so that chain unwinds
+    and the other finishes, long before the 20 s timeout."""
+    from concurrent.futures import ThreadPoolExecutor
+    t = time.monotonic()
+    with ThreadPoolExecutor(2) as ex:
+        futures = [ex.submit(srv.invoke, "rec-pair", b"3", timeout=30) for _ in range(2)]
+        outs = sorted(ok_body(f.result()).decode() for f in futures)
+    assert outs[0] == "3,2,1,0" and outs[1].endswith("call_cycle"), outs
+    assert time.monotonic() - t < 6, outs
+    assert "chains of calls hold every worker" in srv.log_path.read_text()
 
 
 def test_call_cycles_run_and_runaway_ones_stop_at_the_depth_limit(srv):

@@ -212,7 +212,8 @@ pub fn unpack(archive: &[u8], dest: &Path, limits: &Limits) -> Result<Summary, A
     each_entry(archive, limits, |rel, entry, exec| {
         let path = dest.join(rel);
         match entry {
-            None => fs::create_dir(&path).or_else(|e| if path.is_dir() { Ok(()) } else { Err(e) }),
+            // Parents first: an archive may list `a/b/` without `a/`.
+            None => fs::create_dir_all(&path),
             Some(data) => {
                 use std::os::unix::fs::OpenOptionsExt;
                 if let Some(parent) = path.parent() {
@@ -249,6 +250,8 @@ where
     let mut tar = tar::Archive::new(gz);
     let mut sum = Summary::default();
     let mut seen = std::collections::HashSet::new();
+    // Files so far: nothing may be made below one (unpack could not).
+    let mut files = std::collections::HashSet::new();
     let entries = tar.entries().map_err(|e| ArchiveError::Corrupt(e.to_string()))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| ArchiveError::Corrupt(e.to_string()))?;
@@ -257,6 +260,9 @@ where
         let rel = safe_path(&raw_path, limits).map_err(|why| ArchiveError::BadEntry { path: shown.clone(), why })?;
         if !seen.insert(rel.clone()) {
             return Err(ArchiveError::BadEntry { path: shown, why: "appears twice" });
+        }
+        if rel.ancestors().skip(1).any(|a| files.contains(a)) {
+            return Err(ArchiveError::BadEntry { path: shown, why: "a file of the archive is used as its directory" });
         }
         if sum.files + sum.dirs >= limits.entries_max {
             return Err(ArchiveError::TooManyEntries(limits.entries_max));
@@ -279,6 +285,7 @@ where
                 }
                 sum.bytes += size;
                 sum.files += 1;
+                files.insert(rel.clone());
                 visit(&rel, Some(&data), exec)?;
             }
             tar::EntryType::Symlink | tar::EntryType::Link => {
@@ -303,6 +310,8 @@ fn safe_path(raw: &[u8], limits: &Limits) -> Result<PathBuf, &'static str> {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {
+            // NAME_MAX of every Linux file system: unpack could not make it.
+            Component::Normal(n) if n.len() > 255 => return Err("a name is longer than 255 bytes"),
             Component::Normal(n) => out.push(n),
             Component::CurDir => {}
             Component::ParentDir => return Err("'..' leaves the source directory"),
@@ -334,6 +343,15 @@ mod tests {
         let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         let mut t = tar::Builder::new(gz);
         for (path, ty, data) in entries {
+            if path.len() > 100 {
+                // Too long for the old header: a GNU long-name entry.
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(*ty);
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                t.append_data(&mut h, path, *data).unwrap();
+                continue;
+            }
             let mut h = tar::Header::new_old();
             // set_path refuses '..'; write the name field directly.
             h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
@@ -397,6 +415,36 @@ mod tests {
         }
         let dup = raw_tar(&[("a", tar::EntryType::Regular, b"1"), ("./a", tar::EntryType::Regular, b"2")]);
         assert!(check(&dup, &Limits::DEFAULT).unwrap_err().to_string().contains("twice"));
+    }
+
+    /// `check` (the gateway, before it stores an upload) and `unpack` (the
+    /// engine) agree: what one refuses the other refuses, so a stored
+    /// source never fails only when an engine unpacks it.
+    #[test]
+    fn check_refuses_exactly_what_unpack_cannot_do() {
+        use tar::EntryType::{Directory as D, Regular as F};
+        let long = "n".repeat(256);
+        type Entries<'a> = Vec<(&'a str, tar::EntryType, &'a [u8])>;
+        let cases: Vec<(Entries, Option<&str>)> = vec![
+            (vec![("a", F, b"1"), ("a/b", F, b"2")], Some("used as its directory")),
+            (vec![("a", F, b"1"), ("a/b/", D, b"")], Some("used as its directory")),
+            (vec![(long.as_str(), F, b"")], Some("255 bytes")),
+            (vec![("a/b/", D, b""), ("a/b/c", F, b"x")], None),
+            (vec![("a/b/c", F, b"x"), ("a/", D, b""), ("a/b/", D, b"")], None),
+        ];
+        for (entries, want) in cases {
+            let t = raw_tar(&entries);
+            let checked = check(&t, &Limits::DEFAULT);
+            let dest = tmp("agree");
+            let unpacked = unpack(&t, &dest, &Limits::DEFAULT);
+            let _ = fs::remove_dir_all(&dest);
+            let names: Vec<&str> = entries.iter().map(|e| e.0).collect();
+            assert_eq!(checked.is_ok(), unpacked.is_ok(), "{names:?}: {checked:?} vs {unpacked:?}");
+            match want {
+                Some(w) => assert!(checked.unwrap_err().to_string().contains(w), "{names:?}"),
+                None => assert!(checked.is_ok(), "{names:?}"),
+            }
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@ use subtle::ConstantTimeEq;
 /// untyped control replies, 3 had no `overloaded` error kind and no
 /// `max_queue` in a spec; an engine refuses every other version with a
 /// message saying which it speaks.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The first bytes of a `Hello` body: tells a Staccato peer from a stray one.
 pub const HELLO_MAGIC: [u8; 4] = *b"STCO";

@@ -95,6 +95,11 @@ pub enum RefusalKind {
     ShuttingDown,
     /// Something on the engine's side failed (a disk, a directory).
     Internal,
+    /// A newer deploy or a removal of the same function was asked for
+    /// while this deploy was under way; that one wins.
+    Superseded,
+    /// The engine is doing as many of these as it may at once; retry later.
+    Busy,
 }
 
 impl Refusal {

@@ -14,6 +14,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// How many of a stopped build's last output lines an error quotes.
 const QUOTED_LINES_MAX: usize = 30;
@@ -67,10 +68,12 @@ impl Builds {
         });
     }
 
-    pub fn runner(&self) -> Result<Arc<dyn Runner>> {
+    /// Runs build steps; in the sandbox, each is stopped at `deadline`
+    /// (the deploy's), or at the build timeout from its start if sooner.
+    pub fn runner(&self, deadline: Option<Instant>) -> Result<Arc<dyn Runner>> {
         match &self.kind {
             Kind::Host => Ok(Arc::new(HostRunner)),
-            Kind::Sandbox(b) => Ok(Arc::new(SandboxRunner(b.clone()))),
+            Kind::Sandbox(b) => Ok(Arc::new(SandboxRunner(b.clone(), deadline))),
             Kind::Unavailable(why) => {
                 Err(Error::Unavailable(format!("the build sandbox is unavailable on this engine: {why}")))
             }
@@ -93,7 +96,7 @@ impl Builds {
 }
 
 /// Runs `std::process::Command`s in the build sandbox.
-pub(crate) struct SandboxRunner(Arc<sandbox::Builder>);
+pub(crate) struct SandboxRunner(Arc<sandbox::Builder>, Option<Instant>);
 
 impl Runner for SandboxRunner {
     fn output(&self, cmd: &mut Command, reads: &[PathBuf], output: Option<&Path>) -> Result<Output, RunError> {
@@ -108,7 +111,8 @@ impl Runner for SandboxRunner {
             .filter_map(|(k, v)| Some((k.to_string_lossy().into_owned(), v?.to_string_lossy().into_owned())))
             .collect();
         let cwd = cmd.get_current_dir().map(Path::to_path_buf).or(output.map(Path::to_path_buf)).unwrap_or("/".into());
-        let job = sandbox::Job { argv, env, cwd, reads: reads.to_vec(), output: output.map(Path::to_path_buf) };
+        let output = output.map(Path::to_path_buf);
+        let job = sandbox::Job { argv, env, cwd, reads: reads.to_vec(), output, deadline: self.1 };
         match self.0.run(&job) {
             Ok(f) => Ok(Output { status: ExitStatus::from_raw(f.wait_status), stdout: Vec::new(), stderr: f.log }),
             Err(sandbox::BuildError::Sandbox(e)) => Err(RunError::Spawn(io::Error::other(e))),

@@ -103,6 +103,16 @@ impl CallTable {
         lock_shard(&self.shards[shard_of(call_id)]).remove(&call_id)
     }
 
+    /// Removes a call's record if `cond` holds for it.
+    pub fn remove_if(&self, call_id: u64, cond: impl FnOnce(&CallRecord) -> bool) -> Option<CallRecord> {
+        let mut shard = lock_shard(&self.shards[shard_of(call_id)]);
+        if shard.get(&call_id).is_some_and(cond) {
+            shard.remove(&call_id)
+        } else {
+            None
+        }
+    }
+
     pub fn contains(&self, call_id: u64) -> bool {
         lock_shard(&self.shards[shard_of(call_id)]).contains_key(&call_id)
     }

@@ -12,6 +12,10 @@ use wire::ErrorKind;
 
 const SCAN: Duration = Duration::from_millis(2);
 const HOUSEKEEPING_EVERY: u32 = 50; // scans: every 100 ms
+/// How long a call waits on a function whose every worker waits for it
+/// (`Shared::deadlock_victim`) before it is refused: a wait that lasts
+/// this long between two housekeeping rounds is no passing state.
+const DEADLOCK_AFTER: Duration = Duration::from_millis(200);
 
 pub(crate) fn run(shared: Arc<Shared>) {
     let mut n = 0u32;
@@ -68,12 +72,40 @@ fn expire(shared: &Shared) {
 /// pauses idle containers and destroys long-paused ones.
 fn housekeeping(shared: &Shared) {
     for f in shared.functions() {
+        break_deadlock(shared, &f);
         for r in shared.pump_with(&f, 0, true) {
             shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
         }
         if let Some(cc) = &shared.cfg.containers {
             reuse(shared, &f, cc);
         }
+    }
+}
+
+/// Refuses a call that would wait for ever: every worker of its function
+/// runs a call waiting for it (several call chains holding all of them).
+fn break_deadlock(shared: &Shared, f: &Arc<Function>) {
+    let now = sys::clock::monotonic_ns();
+    let Some(call_id) = shared.deadlock_victim(f, now, DEADLOCK_AFTER.as_nanos() as u64) else { return };
+    let msg = format!(
+        "{name}: all {max} of its workers (max_workers) run calls that wait for calls queued on {name}, this one \
+         among them: chains of calls hold every worker between them; this call was refused so that one chain can \
+         finish; raise max_workers or call less deeply",
+        name = f.spec.name,
+        max = f.spec.max_workers
+    );
+    // Under the function's lock, which dispatching takes: a call that
+    // found a worker meanwhile is left to run.
+    let rec = {
+        let _core = f.lock_core();
+        shared.calls.remove_if(call_id, |r| r.worker.is_none())
+    };
+    let Some(rec) = rec else { return };
+    log::warn!("{msg}");
+    f.lock_core().failed += 1;
+    shared.trace(call_id, &rec, 0, ErrorKind::CallCycle.name());
+    if let Some(r) = shared.deliver(call_id, rec, Outcome::Err(ErrorKind::CallCycle, msg), None) {
+        shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
     }
 }
 

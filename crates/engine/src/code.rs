@@ -3,8 +3,8 @@
 //! dependencies (requirements.txt, package.json; go.mod is handled by the Go
 //! build), and the command that starts its launcher.
 //!
-//! Runs on the supervisor thread: compilers and package managers may take
-//! seconds and must never run on an I/O thread.
+//! Runs on a deploy's own thread: compilers and package managers may take
+//! minutes and must hold up neither the I/O threads nor the supervisor.
 
 use crate::build::Builds;
 use crate::config::{
@@ -15,6 +15,7 @@ use crate::{Error, Result};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Instant;
 
 /// The handler library C and C++ functions are compiled into.
 const NATIVE_LIBRARY: &str = "handler.so";
@@ -23,7 +24,13 @@ const GO_WORKER: &str = ".staccato-worker";
 
 /// Builds and installs what the runtime needs. Errors are written for the
 /// person deploying: which file, which tool, and the tool's own output.
-pub(crate) fn prepare(cfg: &EngineConfig, builds: &Builds, spec: &FunctionSpec, code_dir: &Path) -> Result<Deps> {
+pub(crate) fn prepare(
+    cfg: &EngineConfig,
+    builds: &Builds,
+    spec: &FunctionSpec,
+    code_dir: &Path,
+    deadline: Option<Instant>,
+) -> Result<Deps> {
     let mut deps = Deps::default();
     let handler = spec.handler_or_default();
     let need_file = |file: &str| {
@@ -40,7 +47,7 @@ pub(crate) fn prepare(cfg: &EngineConfig, builds: &Builds, spec: &FunctionSpec, 
                 return Err(Error::Source(format!("handler module {module}.py not found in the function's source")));
             }
             if code_dir.join("requirements.txt").is_file() {
-                let cache = open_cache(cfg)?.with_runner(builds.runner()?);
+                let cache = open_cache(cfg)?.with_runner(builds.runner(deadline)?);
                 // In a container the real interpreter, not a shim on PATH.
                 let python = cfg.containers.as_ref().map_or(Path::new(&cfg.python), |cc| cc.python_exe.as_path());
                 let r = cache.python(python, &code_dir.join("requirements.txt"), &mut progress(spec))?;
@@ -53,7 +60,7 @@ pub(crate) fn prepare(cfg: &EngineConfig, builds: &Builds, spec: &FunctionSpec, 
         Runtime::Node => {
             need_file(handler.split(':').next().unwrap_or("handler.mjs"))?;
             if code_dir.join("package.json").is_file() {
-                let cache = open_cache(cfg)?.with_runner(builds.runner()?);
+                let cache = open_cache(cfg)?.with_runner(builds.runner(deadline)?);
                 let r = cache.node(code_dir, &mut progress(spec))?;
                 let modules =
                     r.dirs.first().cloned().ok_or(Error::Build("the package cache returned no node_modules".into()))?;
@@ -75,7 +82,7 @@ pub(crate) fn prepare(cfg: &EngineConfig, builds: &Builds, spec: &FunctionSpec, 
             let out = BuildDir::new(code_dir)?;
             let mut reads = vec![code_dir.to_path_buf(), cfg.runtimes_dir.join("go")];
             let mut cmd = Command::new("bash");
-            builds.runner()?; // fails here if the engine has no build sandbox
+            builds.runner(deadline)?; // fails here if the engine has no build sandbox
             if builds.sandboxed() {
                 // A private copy of the trusted seed cache: warm, and
                 // nothing a build writes reaches the next one.
@@ -89,7 +96,7 @@ pub(crate) fn prepare(cfg: &EngineConfig, builds: &Builds, spec: &FunctionSpec, 
                 reads.push(seed);
             }
             cmd.arg(&script).arg(code_dir).arg(&handler).arg(out.path().join(GO_WORKER)).current_dir(out.path());
-            run(builds, &mut cmd, &reads, out.path(), "building the Go function")?;
+            run(builds, deadline, &mut cmd, &reads, out.path(), "building the Go function")?;
             out.take(GO_WORKER, code_dir)?;
             Ok(deps)
         }
@@ -114,7 +121,7 @@ pub(crate) fn prepare(cfg: &EngineConfig, builds: &Builds, spec: &FunctionSpec, 
                 .arg("-o")
                 .arg(out.path().join(NATIVE_LIBRARY))
                 .current_dir(code_dir);
-            run(builds, &mut cmd, &reads, out.path(), &format!("compiling {handler}"))?;
+            run(builds, deadline, &mut cmd, &reads, out.path(), &format!("compiling {handler}"))?;
             out.take(NATIVE_LIBRARY, code_dir)?;
             Ok(deps)
         }
@@ -180,8 +187,15 @@ fn summary(installed: usize, cached: usize) -> String {
     format!("dependencies: {installed} installed, {cached} from the cache")
 }
 
-fn run(builds: &Builds, cmd: &mut Command, reads: &[PathBuf], output: &Path, what: &str) -> Result<()> {
-    let out: Output = match builds.runner()?.output(cmd, reads, Some(output)) {
+fn run(
+    builds: &Builds,
+    deadline: Option<Instant>,
+    cmd: &mut Command,
+    reads: &[PathBuf],
+    output: &Path,
+    what: &str,
+) -> Result<()> {
+    let out: Output = match builds.runner(deadline)?.output(cmd, reads, Some(output)) {
         Ok(out) => out,
         Err(pkgcache::RunError::Spawn(e)) => {
             return Err(Error::Build(format!("{what}: running {:?}: {e}", cmd.get_program())))

@@ -76,6 +76,8 @@ pub struct ContainerConfig {
     pub keep_alive: std::time::Duration,
     /// The build sandbox: limits, allowed hosts, passed environment.
     pub build: sandbox::BuildConfig,
+    /// This engine's users (`sandbox.uid_base` is in it), held while it lives.
+    pub uids: std::sync::Arc<sandbox::UidRange>,
 }
 
 /// Where things are inside a function container.
@@ -179,6 +181,7 @@ impl ContainerConfig {
             state.hash(&mut h);
             format!("s{:05x}", h.finish() & 0xfffff)
         };
+        let uids = sandbox::claim_uids().map_err(|e| Unavailable::Failed(e.to_string()))?;
         let sandbox = sandbox::Settings {
             dir: state.join("containers"),
             prefix,
@@ -190,7 +193,7 @@ impl ContainerConfig {
             ],
             network,
             host_ports: None,
-            uid_base: 200_000,
+            uid_base: uids.functions_base(),
             tmp_dir: "/tmp".into(),
             tmp_bytes: 64 << 20,
             neutral: sandbox::Limits { memory_bytes: 64 << 20, pids: 32, cpu_shares: None },
@@ -221,6 +224,7 @@ impl ContainerConfig {
             pause_max: Duration::from_secs(10),
             keep_alive: Duration::from_secs(300),
             build: crate::build::build_config(&[]).map_err(|e| Unavailable::Failed(e.to_string()))?,
+            uids: std::sync::Arc::new(uids),
         })
     }
 }

@@ -313,6 +313,11 @@ impl Scheduler {
     }
 
     /// Takes every queued call (the function is going away or cannot start).
+    /// Every queued call, nested ones first.
+    pub fn queued_ids(&self) -> Vec<u64> {
+        self.nested.iter().chain(&self.queue).copied().collect()
+    }
+
     pub fn drain_queue(&mut self) -> Vec<u64> {
         let mut all: Vec<u64> = self.nested.drain(..).collect();
         all.extend(self.queue.drain(..));

@@ -11,7 +11,7 @@ use crate::config::{EngineConfig, Placement};
 use crate::scheduler::{Removed, Scheduler};
 use crate::spec::FunctionSpec;
 use mio::{Token, Waker};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -200,6 +200,8 @@ pub(crate) enum SupervisorCmd {
     StartLauncher(Arc<Function>),
     /// A control request, the bytes attached to it, and where the answer goes.
     Control(api::control::Request, Vec<u8>, Sender<Result<api::control::Reply, api::control::Refusal>>),
+    /// A deploy's build finished on its own thread.
+    Built(Box<crate::supervisor::Built>),
 }
 
 pub(crate) struct Shared {
@@ -333,6 +335,49 @@ impl Shared {
             id = parent;
         }
         (depth, held, duplicate)
+    }
+
+    /// A queued call of `f` to refuse because no worker of `f` will ever be
+    /// free for it: all `max_workers` run calls that wait, through their own
+    /// internal calls, for calls queued on `f`. That is several chains of
+    /// calls holding the workers between them (one chain alone is refused
+    /// on arrival, `ancestry`). The newest of the waiting calls, once it has
+    /// waited `min_wait_ns`: refused, its chain can unwind and free workers.
+    pub fn deadlock_victim(&self, f: &Arc<Function>, now_ns: u64, min_wait_ns: u64) -> Option<u64> {
+        let queued = {
+            let core = f.lock_core();
+            if core.sched.running() < f.spec.max_workers || core.sched.queued() == 0 {
+                return None;
+            }
+            core.sched.queued_ids()
+        };
+        let running: HashSet<u64> =
+            self.calls.select(|r| r.worker.is_some() && Arc::ptr_eq(&r.func, f)).into_iter().collect();
+        if running.len() < f.spec.max_workers as usize {
+            return None;
+        }
+        let (mut waiting, mut victim) = (HashSet::new(), None::<(u64, u64)>);
+        for q in queued {
+            let Some((recv_ns, mut id)) = self.calls.with(q, |r| (r.recv_ns, r.parent_call_id)) else { continue };
+            let mut holds = false;
+            // One shard at a time, bounded like `ancestry`.
+            for _ in 0..=self.cfg.max_call_depth {
+                if id == 0 {
+                    break;
+                }
+                if running.contains(&id) {
+                    waiting.insert(id);
+                    holds = true;
+                }
+                let Some(parent) = self.calls.with(id, |r| r.parent_call_id) else { break };
+                id = parent;
+            }
+            if holds && victim.is_none_or(|(t, _)| recv_ns > t) {
+                victim = Some((recv_ns, q));
+            }
+        }
+        let (recv_ns, call_id) = victim?;
+        (waiting.len() == running.len() && now_ns.saturating_sub(recv_ns) >= min_wait_ns).then_some(call_id)
     }
 
     /// Dispatches what τ and the idle workers allow, grows and shrinks the

@@ -1,6 +1,15 @@
-//! The engine's supervisor thread: registers and removes functions, builds
-//! their code, starts their launchers, reaps them. Runs apart from the I/O
-//! threads because all of this may block (fork/exec, compilers, disks).
+//! The engine's supervisor thread: registers and removes functions, starts
+//! their launchers, reaps them. Runs apart from the I/O threads because all
+//! of this may block (fork/exec, disks).
+//!
+//! A deploy's build (unpacking, dependencies, compilers: seconds to
+//! minutes) runs on a thread of its own and comes back as
+//! [`SupervisorCmd::Built`]; its launcher's start is then watched from this
+//! loop. So a deploy never holds up other functions' launchers, reaping or
+//! draining, nor another deploy. Of several deploys of one name, the one
+//! asked for last wins whatever order they finish in (each has a sequence
+//! number; an older one is answered `superseded`), and a removal asked for
+//! during a deploy cancels it.
 
 use crate::scheduler::Scheduler;
 use crate::shared::{Cmd, FnCore, Function, Launcher, LauncherState, Outcome, Shared, SupervisorCmd};
@@ -9,28 +18,61 @@ use crate::Error;
 use api::control::{Refusal, RefusalKind, Reply, Request};
 use std::collections::HashMap;
 use std::fs::{self, File};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use wire::ErrorKind;
 
+/// Where a control request's answer goes.
+pub(crate) type ReplyTx = Sender<Result<Reply, Refusal>>;
+
+/// Deploys building at once, at most; more are refused `busy` (each build
+/// step also takes one of the build sandbox's slots).
+const DEPLOYS_MAX: usize = 16;
+
 pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
-    let mut sup =
-        Supervisor { shared, children: Vec::new(), contained: Vec::new(), draining: Vec::new(), logs: HashMap::new() };
+    let mut sup = Supervisor {
+        shared,
+        children: Vec::new(),
+        contained: Vec::new(),
+        draining: Vec::new(),
+        logs: HashMap::new(),
+        deploys: HashMap::new(),
+        next_deploy: 0,
+        building: HashMap::new(),
+        starting: Vec::new(),
+    };
     loop {
-        match rx.recv_timeout(Duration::from_millis(200)) {
+        // A launcher starting is watched closely; otherwise wake rarely.
+        let wait = if sup.starting.is_empty() { Duration::from_millis(200) } else { Duration::from_millis(2) };
+        match rx.recv_timeout(wait) {
             Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
-            Ok(SupervisorCmd::Control(req, attachment, reply)) => {
-                let _ = reply.send(sup.control(req, &attachment));
+            Ok(SupervisorCmd::Control(Request::Register { spec }, attachment, reply)) => {
+                sup.begin_deploy(spec, attachment, reply)
             }
+            Ok(SupervisorCmd::Control(req, _, reply)) => {
+                let _ = reply.send(sup.control(req));
+            }
+            Ok(SupervisorCmd::Built(b)) => sup.built(*b),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
         sup.reap();
+        sup.watch_starts();
         sup.drain_tick();
     }
+}
+
+/// A deploy's build, done on its own thread.
+pub(crate) struct Built {
+    seq: u64,
+    spec: FunctionSpec,
+    generation: u128,
+    code_dir: PathBuf,
+    deps: Result<crate::code::Deps, Refusal>,
 }
 
 struct Supervisor {
@@ -44,6 +86,21 @@ struct Supervisor {
     draining: Vec<Draining>,
     /// Each function's log stream, while a generation of it lives.
     logs: HashMap<String, std::sync::Weak<sandbox::logs::Stream>>,
+    /// Per function name, the sequence number of the newest deploy or
+    /// removal asked for; with `next_deploy`, the last one asked wins.
+    deploys: HashMap<String, u64>,
+    next_deploy: u64,
+    /// Deploys building, by sequence number: the name, and who to answer.
+    building: HashMap<u64, (String, ReplyTx)>,
+    /// Deploys built, whose launcher is starting.
+    starting: Vec<Starting>,
+}
+
+struct Starting {
+    func: Arc<Function>,
+    seq: u64,
+    deadline: Instant,
+    reply: ReplyTx,
 }
 
 /// A retired function whose running calls may still finish.
@@ -59,59 +116,92 @@ struct Draining {
 const DRAIN_MAX: Duration = Duration::from_secs(30);
 
 impl Supervisor {
-    /// One control request; `attachment` is the bytes that followed its
-    /// JSON (a registration's source archive).
-    fn control(&mut self, req: Request, attachment: &[u8]) -> Result<Reply, Refusal> {
+    /// One control request answered at once (registrations take
+    /// `begin_deploy` instead: `run` sends them there).
+    fn control(&mut self, req: Request) -> Result<Reply, Refusal> {
         match req {
-            Request::Register { spec } => self.register(spec, attachment),
+            Request::Register { .. } => Err(Refusal::new(RefusalKind::Internal, "registration sent the wrong way")),
             Request::Unregister { name } => self.unregister(&name),
             Request::Status => Ok(Reply::Status { functions: self.shared.status() }),
             Request::Trace { function, limit } => Ok(self.trace(function.as_deref(), limit as usize)),
         }
     }
 
-    fn register(&mut self, spec: FunctionSpec, archive: &[u8]) -> Result<Reply, Refusal> {
+    /// Checks a registration and starts its build on a thread of its own;
+    /// the answer is sent once it is built and started (or failed).
+    fn begin_deploy(&mut self, spec: FunctionSpec, archive: Vec<u8>, reply: ReplyTx) {
         let invalid = |m: String| Refusal::new(RefusalKind::InvalidSpec, m);
-        spec.validate().map_err(|e| invalid(e.to_string()))?;
-        spec.validate_for_host(self.shared.memory_total_bytes).map_err(|e| invalid(e.to_string()))?;
-        let digest = api::archive::digest(archive);
-        if digest != spec.source {
-            return Err(invalid(format!(
-                "the source archive sent ({} bytes, {digest}) is not the one the spec names ({})",
-                archive.len(),
-                spec.source
-            )));
+        let checked = (|| {
+            spec.validate().map_err(|e| invalid(e.to_string()))?;
+            spec.validate_for_host(self.shared.memory_total_bytes).map_err(|e| invalid(e.to_string()))?;
+            let digest = api::archive::digest(&archive);
+            if digest != spec.source {
+                return Err(invalid(format!(
+                    "the source archive sent ({} bytes, {digest}) is not the one the spec names ({})",
+                    archive.len(),
+                    spec.source
+                )));
+            }
+            if self.building.len() >= DEPLOYS_MAX {
+                return Err(Refusal::new(
+                    RefusalKind::Busy,
+                    format!("the engine is building {DEPLOYS_MAX} deploys, its limit; retry when one is done"),
+                ));
+            }
+            Ok(())
+        })();
+        if let Err(r) = checked {
+            let _ = reply.send(Err(r));
+            return;
         }
-        let shared = self.shared.clone();
-        let cfg = &shared.cfg;
-        let generation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
-        let fn_state = cfg.state_dir.join("functions").join(&spec.name);
-        let code_dir = fn_state.join(format!("{generation}"));
-        api::archive::unpack(archive, &code_dir, &api::archive::Limits::DEFAULT).map_err(|e| {
-            let _ = fs::remove_dir_all(&code_dir);
-            invalid(format!("unpacking the source: {e}"))
-        })?;
-        let deps = crate::code::prepare(cfg, &self.shared.builds, &spec, &code_dir).map_err(|e| {
-            let _ = fs::remove_dir_all(&code_dir);
-            Refusal::new(RefusalKind::BuildFailed, e.to_string())
-        })?;
-        let internal = |m: String| Refusal::new(RefusalKind::Internal, m);
-        if !deps.entries.is_empty() {
-            let cache = crate::code::open_cache(cfg).map_err(|e| internal(e.to_string()))?;
-            cache
-                .pin(&spec.name, &deps.entries)
-                .map_err(|e| internal(format!("pinning dependencies: {e} (deploy again)")))?;
-            match cache.evict_to_budget() {
-                Ok(gone) if !gone.is_empty() => log::info!("package cache: evicted {} entries", gone.len()),
-                Ok(_) => {}
-                Err(e) => log::warn!("package cache eviction: {e}"),
+        self.next_deploy += 1;
+        let seq = self.next_deploy;
+        self.deploys.insert(spec.name.clone(), seq);
+        let name = spec.name.clone();
+        let (shared, tx) = (self.shared.clone(), crate::shared::lock(&self.shared.supervisor).clone());
+        let spawned = std::thread::Builder::new().name("engine-deploy".into()).spawn(move || {
+            let built = build(&shared, spec, &archive, seq);
+            let _ = tx.send(SupervisorCmd::Built(Box::new(built)));
+        });
+        match spawned {
+            Ok(_) => {
+                self.building.insert(seq, (name, reply));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(Refusal::new(RefusalKind::Internal, format!("starting the build: {e}"))));
             }
         }
-        let log = self.log_stream(&spec.name, generation).map_err(|e| internal(e.to_string()))?;
+    }
+
+    /// A deploy is built: start its launcher, unless a newer deploy or a
+    /// removal of the same name was asked for meanwhile.
+    fn built(&mut self, b: Built) {
+        let Some((_, reply)) = self.building.remove(&b.seq) else { return };
+        let deps = match b.deps {
+            Ok(deps) if self.newest(&b.spec.name, b.seq) => deps,
+            result => {
+                let _ = fs::remove_dir_all(&b.code_dir);
+                let refusal = result.err().unwrap_or_else(|| superseded(&b.spec.name));
+                let _ = reply.send(Err(refusal));
+                return;
+            }
+        };
+        let internal = |m: String| Refusal::new(RefusalKind::Internal, m);
+        let log = match self.log_stream(&b.spec.name, b.generation) {
+            Ok(log) => log,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&b.code_dir);
+                let _ = reply.send(Err(internal(e.to_string())));
+                return;
+            }
+        };
+        let shared = self.shared.clone();
+        let cfg = &shared.cfg;
+        let spec = b.spec;
         let func = Arc::new(Function {
-            dir: cfg.ipc_dir.join(format!("{}.{generation}", spec.name)),
+            dir: cfg.ipc_dir.join(format!("{}.{}", spec.name, b.generation)),
             log,
-            code_dir,
+            code_dir: b.code_dir,
             deps,
             core: Mutex::new(FnCore {
                 sched: Scheduler::new(spec.min_workers, spec.max_workers, cfg.ema_alpha),
@@ -127,22 +217,81 @@ impl Supervisor {
             spec,
         });
         self.start_launcher(&func);
-        if let Err(e) = self.wait_ready(&func) {
-            self.retire(&func, "deploy failed", None);
-            return Err(Refusal::new(RefusalKind::StartFailed, e.to_string()));
+        let deadline = Instant::now() + Duration::from_millis(cfg.launcher_ready_timeout_ms);
+        self.starting.push(Starting { func, seq: b.seq, deadline, reply });
+        self.watch_starts();
+    }
+
+    /// Whether `seq` is still the newest deploy or removal of `name`.
+    fn newest(&self, name: &str, seq: u64) -> bool {
+        self.deploys.get(name) == Some(&seq)
+    }
+
+    /// Installs the deploys whose launcher is ready; fails those whose
+    /// launcher died or did not start in time.
+    fn watch_starts(&mut self) {
+        let mut i = 0;
+        while i < self.starting.len() {
+            let (state, err) = {
+                let core = self.starting[i].func.lock_core();
+                (core.launcher.state, core.launcher.last_error.clone())
+            };
+            let st = &self.starting[i];
+            let failed = match state {
+                _ if !self.newest(&st.func.spec.name, st.seq) => Some(superseded(&st.func.spec.name)),
+                LauncherState::Ready => None,
+                LauncherState::Down => Some(Refusal::new(
+                    RefusalKind::StartFailed,
+                    format!("function {} failed to start:\n{err}", st.func.spec.name),
+                )),
+                LauncherState::Starting if Instant::now() > st.deadline => Some(Refusal::new(
+                    RefusalKind::StartFailed,
+                    format!(
+                        "function {} did not start within {} ms; its log:\n{}",
+                        st.func.spec.name,
+                        self.shared.cfg.launcher_ready_timeout_ms,
+                        log_tail(&st.func.log)
+                    ),
+                )),
+                LauncherState::Starting => {
+                    i += 1;
+                    continue;
+                }
+            };
+            let st = self.starting.swap_remove(i);
+            match failed {
+                Some(refusal) => {
+                    self.retire(&st.func, "deploy failed", None);
+                    let _ = st.reply.send(Err(refusal));
+                }
+                None => {
+                    let answer = self.install(&st.func);
+                    let _ = st.reply.send(answer);
+                }
+            }
         }
-        let old = self
-            .shared
-            .functions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(func.spec.name.clone(), func.clone());
+    }
+
+    /// A started deploy becomes the function of its name.
+    fn install(&mut self, func: &Arc<Function>) -> Result<Reply, Refusal> {
+        let name = &func.spec.name;
+        if let Ok(cache) = crate::code::open_cache(&self.shared.cfg) {
+            // Pinned once it runs: a failed or superseded deploy leaves the
+            // running version's pins as they were.
+            let pinned =
+                if func.deps.entries.is_empty() { cache.unpin(name) } else { cache.pin(name, &func.deps.entries) };
+            if let Err(e) = pinned {
+                self.retire(func, "deploy failed", None);
+                return Err(Refusal::new(RefusalKind::Internal, format!("pinning dependencies: {e} (deploy again)")));
+            }
+        }
+        let old = self.shared.functions.write().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), func.clone());
         if let Some(old) = old {
             // Its queued calls go to the new version; running ones finish.
-            self.retire(&old, "it was redeployed", Some(&func));
+            self.retire(&old, "it was redeployed", Some(func));
         }
-        log::info!("registered {} ({})", func.spec.name, func.spec.runtime.name());
-        Ok(Reply::Registered { name: func.spec.name.clone(), notes: func.deps.summary.clone() })
+        log::info!("registered {name} ({})", func.spec.runtime.name());
+        Ok(Reply::Registered { name: name.clone(), notes: func.deps.summary.clone() })
     }
 
     /// The log of function `name`: the live one if a generation of it
@@ -168,35 +317,12 @@ impl Supervisor {
         Ok(s)
     }
 
-    fn wait_ready(&mut self, func: &Function) -> crate::Result<()> {
-        let deadline = Instant::now() + Duration::from_millis(self.shared.cfg.launcher_ready_timeout_ms);
-        loop {
-            let (state, err) = {
-                let core = func.lock_core();
-                (core.launcher.state, core.launcher.last_error.clone())
-            };
-            match state {
-                LauncherState::Ready => return Ok(()),
-                LauncherState::Down => {
-                    return Err(Error::Start(format!("function {} failed to start:\n{err}", func.spec.name)));
-                }
-                LauncherState::Starting if Instant::now() > deadline => {
-                    return Err(Error::Start(format!(
-                        "function {} did not start within {} ms; its log:\n{}",
-                        func.spec.name,
-                        self.shared.cfg.launcher_ready_timeout_ms,
-                        log_tail(&func.log)
-                    )));
-                }
-                LauncherState::Starting => {
-                    std::thread::sleep(Duration::from_millis(2));
-                    self.reap();
-                }
-            }
-        }
-    }
-
     fn unregister(&mut self, name: &str) -> Result<Reply, Refusal> {
+        // Cancels its deploys under way: they are no longer the newest.
+        let deploying =
+            self.building.values().any(|(n, _)| n == name) || self.starting.iter().any(|st| st.func.spec.name == name);
+        self.next_deploy += 1;
+        self.deploys.insert(name.to_string(), self.next_deploy);
         let old = self.shared.functions.write().unwrap_or_else(|p| p.into_inner()).remove(name);
         match old {
             Some(f) => {
@@ -206,6 +332,7 @@ impl Supervisor {
                 }
                 Ok(Reply::Unregistered { name: name.to_string() })
             }
+            None if deploying => Ok(Reply::Unregistered { name: name.to_string() }),
             None => Err(Refusal::new(RefusalKind::NotFound, format!("no function named {name:?}"))),
         }
     }
@@ -507,6 +634,44 @@ impl Supervisor {
         let picked = self.shared.traces.recent(limit, |t| function.is_none_or(|f| t.function.spec.name == f));
         Reply::Traces { traces: picked.iter().map(|t| t.to_api()).collect() }
     }
+}
+
+fn superseded(name: &str) -> Refusal {
+    Refusal::new(
+        RefusalKind::Superseded,
+        format!("a newer deploy or a removal of {name} was asked for while this deploy was under way"),
+    )
+}
+
+/// A deploy's slow part, on its own thread: the source unpacked, its
+/// dependencies installed and its code compiled, within the engine's build
+/// timeout for the whole deploy.
+fn build(shared: &Shared, spec: FunctionSpec, archive: &[u8], seq: u64) -> Built {
+    let cfg = &shared.cfg;
+    let generation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    // Two deploys in one microsecond would share a directory.
+    let generation = generation * 1000 + u128::from(seq % 1000);
+    let code_dir = cfg.state_dir.join("functions").join(&spec.name).join(format!("{generation}"));
+    let deadline = cfg.containers.as_ref().map(|cc| Instant::now() + cc.build.timeout);
+    let deps = api::archive::unpack(archive, &code_dir, &api::archive::Limits::DEFAULT)
+        .map_err(|e| Refusal::new(RefusalKind::InvalidSpec, format!("unpacking the source: {e}")))
+        .and_then(|_| {
+            crate::code::prepare(cfg, &shared.builds, &spec, &code_dir, deadline)
+                .map_err(|e| Refusal::new(RefusalKind::BuildFailed, e.to_string()))
+        });
+    if deps.as_ref().is_ok_and(|d| !d.entries.is_empty()) {
+        // The entries just used are safe from eviction for the cache's
+        // grace period, long past this deploy's start.
+        match crate::code::open_cache(cfg).and_then(|c| c.evict_to_budget().map_err(Error::io("evicting"))) {
+            Ok(gone) if !gone.is_empty() => log::info!("package cache: evicted {} entries", gone.len()),
+            Ok(_) => {}
+            Err(e) => log::warn!("package cache eviction: {e}"),
+        }
+    }
+    if deps.is_err() {
+        let _ = fs::remove_dir_all(&code_dir);
+    }
+    Built { seq, spec, generation, code_dir, deps }
 }
 
 /// The last lines of a function's log, to explain why it failed.

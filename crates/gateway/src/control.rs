@@ -1,6 +1,8 @@
 //! The gateway's control connection to the engine, on a thread of its own:
 //! registrations may take seconds (compiling, starting launchers) and must
-//! not stall a gateway thread's event loop.
+//! not stall a gateway thread's event loop. Each registration goes over a
+//! connection of its own, so a long build holds up neither other deploys
+//! nor status, traces and removals (the engine builds them concurrently).
 
 use crate::store::Store;
 use api::control::{self, LinkBroken, Refusal, RefusalKind, Reply, Request};
@@ -48,6 +50,8 @@ impl ControlError {
                 RefusalKind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
                 RefusalKind::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable"),
                 RefusalKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+                RefusalKind::Superseded => (StatusCode::CONFLICT, "superseded"),
+                RefusalKind::Busy => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
                 RefusalKind::BadRequest
                 | RefusalKind::InvalidSpec
                 | RefusalKind::BuildFailed
@@ -60,6 +64,8 @@ impl ControlError {
 #[derive(Clone)]
 pub struct ControlClient {
     tx: mpsc::Sender<Job>,
+    addr: SocketAddr,
+    secret: api::auth::Secret,
     /// Connected, and every stored function re-registered since.
     restored: Arc<AtomicBool>,
 }
@@ -71,12 +77,12 @@ impl ControlClient {
     pub fn start(addr: SocketAddr, secret: api::auth::Secret, store: Arc<Store>) -> ControlClient {
         let (tx, rx) = mpsc::channel::<Job>();
         let restored = Arc::new(AtomicBool::new(false));
-        let r = restored.clone();
+        let (r, s) = (restored.clone(), secret.clone());
         std::thread::Builder::new()
             .name("gateway-control".into())
-            .spawn(move || control_thread(addr, secret, store, rx, r))
+            .spawn(move || control_thread(addr, s, store, rx, r))
             .expect("spawning the control thread");
-        ControlClient { tx, restored }
+        ControlClient { tx, addr, secret, restored }
     }
 
     /// Whether the engine has every stored function (as far as we know).
@@ -90,7 +96,20 @@ impl ControlClient {
 
     pub async fn request_with(&self, req: Request, attachment: Vec<u8>) -> Result<Reply, ControlError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send((req, attachment, tx)).map_err(|_| ControlError::Gone)?;
+        if matches!(req, Request::Register { .. }) {
+            let (addr, secret) = (self.addr, self.secret.clone());
+            std::thread::Builder::new()
+                .name("gateway-deploy".into())
+                .spawn(move || {
+                    let result = connect(addr, &secret)
+                        .map_err(|e| ControlError::Unreachable { addr, why: e.to_string() })
+                        .and_then(|mut c| roundtrip(&mut c, &req, &attachment));
+                    let _ = tx.send(result);
+                })
+                .map_err(|_| ControlError::Gone)?;
+        } else {
+            self.tx.send((req, attachment, tx)).map_err(|_| ControlError::Gone)?;
+        }
         rx.await.map_err(|_| ControlError::Gone)?
     }
 }

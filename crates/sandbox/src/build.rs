@@ -89,6 +89,9 @@ pub struct Job {
     /// A host directory it writes: what it holds before is copied in, and
     /// after a successful build it holds exactly what the build left there.
     pub output: Option<PathBuf>,
+    /// When it is stopped, if sooner than [`BuildConfig::timeout`] from its
+    /// start (the deploy's steps share one time limit).
+    pub deadline: Option<Instant>,
 }
 
 /// How a build step ended, when it ran to its end.
@@ -111,8 +114,13 @@ pub enum BuildError {
     /// The sandbox itself failed (not the build).
     #[error("the build sandbox failed: {0}")]
     Sandbox(#[from] Error),
-    #[error("the build was stopped after {} s (the engine's --build-timeout-s)", after.as_secs())]
-    TimedOut { after: Duration, log: Vec<u8> },
+    #[error(
+        "the build was stopped after {:.1} s: the deploy's builds together may take {} s (the engine's \
+         --build-timeout-s)",
+        after.as_secs_f64(),
+        limit.as_secs()
+    )]
+    TimedOut { after: Duration, limit: Duration, log: Vec<u8> },
     #[error("the build ran out of memory (limit {} MiB, the engine's --build-memory)", limit >> 20)]
     OutOfMemory { limit: u64, log: Vec<u8> },
     /// The output could not be copied out (too many entries, too deep).
@@ -132,15 +140,17 @@ pub struct Builder {
 impl Builder {
     /// `functions` are the function containers' settings: builds get the
     /// same runc, init and user range scheme, under their own prefix
-    /// (`b` for `s`), directory and uids below the functions'. Removes what
+    /// (`b` for `s`), directory and uids: the [`crate::BUILD_UIDS`] of the
+    /// engine's range below the functions'. Removes what
     /// a dead engine's builds left behind, then starts the proxy.
     pub fn new(functions: &Settings, cfg: BuildConfig) -> Result<Builder> {
-        if functions.uid_base < 20_000 {
+        if functions.uid_base < crate::BUILD_UIDS {
             return Err(Error::Config(format!(
                 "uid base {} leaves no room for build users below it",
                 functions.uid_base
             )));
         }
+        const { assert!(BUILDS_MAX <= crate::BUILD_UIDS) };
         let tail = &functions.prefix[functions.prefix.len().saturating_sub(netns::PREFIX_LEN_MAX - 1)..];
         let prefix = format!("b{tail}");
         let claim = crate::claim(&prefix)?;
@@ -153,7 +163,7 @@ impl Builder {
             binds: Vec::new(),
             network: Network::Isolated,
             host_ports: Some(vec![proxy.addr().port()]),
-            uid_base: functions.uid_base.saturating_sub(10_000),
+            uid_base: functions.uid_base - crate::BUILD_UIDS,
             tmp_dir: BUILD_TMP.into(),
             tmp_bytes: cfg.tmp_bytes,
             // A quarter of a function's weight: builds yield to calls.
@@ -276,6 +286,7 @@ impl Builder {
         };
         let pid = c.start(&start)?;
         let started = Instant::now();
+        let stop_at = job.deadline.map_or(started + self.cfg.timeout, |d| d.min(started + self.cfg.timeout));
         loop {
             for line in c.poll_status() {
                 let mut f = line.split(' ');
@@ -288,9 +299,10 @@ impl Builder {
                     return Ok(Finished { wait_status, log });
                 }
             }
-            if started.elapsed() > self.cfg.timeout {
+            if Instant::now() >= stop_at {
                 c.kill_all();
-                return Err(BuildError::TimedOut { after: self.cfg.timeout, log: tail(log) });
+                let after = started.elapsed();
+                return Err(BuildError::TimedOut { after, limit: self.cfg.timeout, log: tail(log) });
             }
             std::thread::sleep(Duration::from_millis(10));
         }

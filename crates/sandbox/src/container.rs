@@ -5,7 +5,7 @@
 //! and sending its init a command; the freezer pauses and resumes it.
 
 use crate::bundle::{self, LOG, SLOT};
-use crate::{Error, Limits, Mount, Network, Result, Settings, Start};
+use crate::{Error, Limits, Mount, Network, Result, Settings, Start, BUILD_UIDS, UID_RANGE_LEN};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{chown, OpenOptionsExt};
@@ -118,6 +118,9 @@ impl Container {
     /// `warm`: also start the warm Python launcher (worth it only for a
     /// container that will wait in the pool).
     pub fn create(settings: &Settings, nets: Option<&netns::Networks>, index: u32, warm: bool) -> Result<Container> {
+        if index >= UID_RANGE_LEN - BUILD_UIDS {
+            return Err(Error::Config(format!("container index {index} is beyond this engine's range of users")));
+        }
         let id = format!("{}-{index}", settings.prefix);
         let dir = settings.dir.join(&id);
         let _ = runc(settings).args(["delete", "-f", &id]).stderr(Stdio::null()).status();

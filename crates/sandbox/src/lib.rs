@@ -20,7 +20,9 @@ pub use container::Container;
 pub use error::{Error, Result};
 pub use pool::{Pool, PoolStats};
 use std::path::{Path, PathBuf};
-pub use sweep::{claim, sweep_dead_engines, Claim};
+pub use sweep::{
+    claim, claim_uids, sweep_dead_engines, Claim, UidRange, BUILD_UIDS, UID_FIRST, UID_RANGES, UID_RANGE_LEN,
+};
 
 /// How a function container reaches the network.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +71,9 @@ pub struct Settings {
     /// reach at `STACCATO_HOST_IP` (None: all of them, including the
     /// gateway's and engine's own).
     pub host_ports: Option<Vec<u16>>,
-    /// Users are `uid_base + index`: no two containers share one.
+    /// Users are `uid_base + index`: no two containers share one. From a
+    /// claimed [`UidRange`] (its `functions_base`), so no two engines'
+    /// containers share one either.
     pub uid_base: u32,
     /// Where the container's own tmpfs is mounted (`/tmp` for functions;
     /// builds use another place so host paths under /tmp can be bound).

@@ -17,6 +17,52 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const ENGINES_DIR: &str = "/run/staccato/engines";
+const UIDS_DIR: &str = "/run/staccato/uids";
+
+/// Users: each engine of a machine claims a range of its own (so no two
+/// engines' containers or builds ever share a uid), the first
+/// [`BUILD_UIDS`] of it for builds, the rest for function containers.
+pub const UID_FIRST: u32 = 200_000;
+pub const UID_RANGE_LEN: u32 = 65_536;
+pub const UID_RANGES: u32 = 256;
+pub const BUILD_UIDS: u32 = 1024;
+
+/// A range of users this process owns, while it lives (an `flock` on
+/// `/run/staccato/uids/<n>.lock`: a dead engine's range is free again).
+#[derive(Debug)]
+pub struct UidRange {
+    pub first: u32,
+    _file: File,
+}
+
+impl UidRange {
+    /// The first uid of function containers; builds use the
+    /// [`BUILD_UIDS`] below it.
+    pub fn functions_base(&self) -> u32 {
+        self.first + BUILD_UIDS
+    }
+}
+
+/// Claims the first range of users no live engine holds.
+pub fn claim_uids() -> Result<UidRange> {
+    fs::create_dir_all(UIDS_DIR).map_err(Error::io(format!("creating {UIDS_DIR}")))?;
+    for n in 0..UID_RANGES {
+        let path = Path::new(UIDS_DIR).join(format!("{n}.lock"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(Error::io(format!("opening {}", path.display())))?;
+        // The file stays when released: unlinking a lock file races with
+        // a process that has just opened it.
+        if file.try_lock().is_ok() {
+            return Ok(UidRange { first: UID_FIRST + n * UID_RANGE_LEN, _file: file });
+        }
+    }
+    Err(Error::Config(format!("all {UID_RANGES} user ranges are held by live engines on this machine")))
+}
 const CONTROLLERS: [&str; 9] = ["memory", "cpu", "pids", "freezer", "cpuacct", "cpuset", "blkio", "devices", "systemd"];
 
 /// A prefix this process owns; dropping it releases the claim.
@@ -124,5 +170,28 @@ fn sweep_prefix(prefix: &str) {
     match netns::Networks::new(prefix).and_then(|n| n.cleanup()) {
         Ok(()) => {}
         Err(e) => log::warn!("removing the network namespaces of prefix {prefix}: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two engines (two claims) never get the same users, and a range is
+    /// free again once its holder is gone.
+    #[test]
+    fn engines_get_disjoint_user_ranges() {
+        let a = claim_uids().unwrap();
+        let b = claim_uids().unwrap();
+        let (lo, hi) = if a.first < b.first { (&a, &b) } else { (&b, &a) };
+        assert!(lo.first + UID_RANGE_LEN <= hi.first, "{} and {} overlap", a.first, b.first);
+        assert!(a.functions_base() > a.first && a.functions_base() < a.first + UID_RANGE_LEN);
+        let freed = a.first;
+        drop(a);
+        // Another test or engine may take it meanwhile; then it is held.
+        let c = claim_uids().unwrap();
+        let path = Path::new(UIDS_DIR).join(format!("{}.lock", (freed - UID_FIRST) / UID_RANGE_LEN));
+        let held_by_other = OpenOptions::new().write(true).open(path).unwrap().try_lock().is_err();
+        assert!(c.first == freed || held_by_other, "range {freed} was not freed");
     }
 }

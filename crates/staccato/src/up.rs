@@ -121,8 +121,8 @@ pub struct EngineArgs {
     /// sandbox, e.g. 2Gi; its /tmp and output count against it.
     #[arg(long, default_value = "2Gi")]
     pub build_memory: String,
-    /// How long a build step may run before it is killed: seconds, or a
-    /// duration like 10m (at most 24h).
+    /// How long a deploy's build steps may run, together, before they are
+    /// killed: seconds, or a duration like 10m (at most 24h).
     #[arg(long, default_value = "600", value_parser = secs_flag)]
     pub build_timeout_s: Duration,
     /// A host a build may reach besides the package indexes (pypi.org,

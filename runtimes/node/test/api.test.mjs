@@ -51,13 +51,15 @@ test('call sequence numbers wrap from 2^32 - 1 to 1, never 0', () => {
   assert.equal(nextSeq(2 ** 32 - 1), 1);
 });
 
-test('wallMs: sub-millisecond wall clock, never behind Date.now()', () => {
+test('wallMs: sub-millisecond wall clock, within 1 ms behind and 2 ms ahead of Date.now()', () => {
   let fractional = false;
   for (let i = 0; i < 1000; i++) {
     const before = Date.now();
     const t = wallMs();
     const after = Date.now();
-    assert.ok(t >= before - 0.01 && t < after + 1.01, `${before} ${t} ${after}`);
+    // wallMs re-bases when it strays from (Date.now() - 1, Date.now() + 2):
+    // the monotonic clock it reads drifts from the wall clock.
+    assert.ok(t >= before - 1 && t < after + 2.01, `${before} ${t} ${after}`);
     if (t !== Math.floor(t)) fractional = true;
   }
   assert.ok(fractional);
