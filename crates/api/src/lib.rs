@@ -9,11 +9,13 @@
 //! * [`auth`], [`link`]: the gateway–engine handshake (protocol version,
 //!   mutual proof of a shared secret) and constant-time token comparison;
 //! * [`control`]: the typed requests, replies and refusals of the control
-//!   connection that follows it.
+//!   connection that follows it;
+//! * [`cluster`]: engines joining gateways, and a gateway's engine table.
 #![forbid(unsafe_code)]
 
 pub mod archive;
 pub mod auth;
+pub mod cluster;
 pub mod control;
 pub mod link;
 pub mod manifest;

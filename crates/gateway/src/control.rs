@@ -68,6 +68,8 @@ pub struct ControlClient {
     secret: api::auth::Secret,
     /// Connected, and every stored function re-registered since.
     restored: Arc<AtomicBool>,
+    /// Connected (perhaps still restoring).
+    connected: Arc<AtomicBool>,
 }
 
 impl ControlClient {
@@ -77,17 +79,23 @@ impl ControlClient {
     pub fn start(addr: SocketAddr, secret: api::auth::Secret, store: Arc<Store>) -> ControlClient {
         let (tx, rx) = mpsc::channel::<Job>();
         let restored = Arc::new(AtomicBool::new(false));
-        let (r, s) = (restored.clone(), secret.clone());
+        let connected = Arc::new(AtomicBool::new(false));
+        let flags = Flags { restored: restored.clone(), connected: connected.clone() };
+        let s = secret.clone();
         std::thread::Builder::new()
             .name("gateway-control".into())
-            .spawn(move || control_thread(addr, s, store, rx, r))
+            .spawn(move || control_thread(addr, s, store, rx, flags))
             .expect("spawning the control thread");
-        ControlClient { tx, addr, secret, restored }
+        ControlClient { tx, addr, secret, restored, connected }
     }
 
     /// Whether the engine has every stored function (as far as we know).
     pub fn restored(&self) -> bool {
         self.restored.load(Ordering::Acquire)
+    }
+
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
     }
 
     pub async fn request(&self, req: Request) -> Result<Reply, ControlError> {
@@ -114,16 +122,25 @@ impl ControlClient {
     }
 }
 
+/// What the control thread tells the rest of the gateway.
+struct Flags {
+    restored: Arc<AtomicBool>,
+    connected: Arc<AtomicBool>,
+}
+
+/// Runs until its `ControlClient` is dropped (the engine left the table).
 fn control_thread(
     addr: SocketAddr,
     secret: api::auth::Secret,
     store: Arc<Store>,
     rx: mpsc::Receiver<Job>,
-    restored: Arc<AtomicBool>,
+    flags: Flags,
 ) {
+    let Flags { restored, connected } = flags;
     let mut conn: Option<TcpStream> = None;
     let mut last_error = String::new();
     loop {
+        connected.store(conn.is_some(), Ordering::Release);
         if conn.is_none() {
             restored.store(false, Ordering::Release);
             conn = match connect(addr, &secret) {
@@ -139,6 +156,7 @@ fn control_thread(
                 }
             };
             if let Some(c) = conn.as_mut() {
+                connected.store(true, Ordering::Release);
                 last_error.clear();
                 match restore(c, &store) {
                     Ok(()) => restored.store(true, Ordering::Release),

@@ -30,6 +30,9 @@ pub struct EngineLink {
     pending: RefCell<HashMap<u64, oneshot::Sender<Reply>>>,
     up: Cell<bool>,
     logged_down: Cell<bool>,
+    /// Closed for good: the engine left the table.
+    closed: Cell<bool>,
+    stop: Notify,
 }
 
 impl EngineLink {
@@ -46,6 +49,8 @@ impl EngineLink {
             pending: RefCell::new(HashMap::new()),
             up: Cell::new(false),
             logged_down: Cell::new(false),
+            closed: Cell::new(false),
+            stop: Notify::new(),
         });
         tokio::task::spawn_local(link.clone().run());
         link
@@ -53,6 +58,14 @@ impl EngineLink {
 
     pub fn is_up(&self) -> bool {
         self.up.get()
+    }
+
+    /// Closes the link for good (its engine left the table): calls waiting
+    /// on it are answered `engine_unavailable` at once.
+    pub fn close(&self) {
+        self.closed.set(true);
+        self.up.set(false);
+        self.stop.notify_one();
     }
 
     /// Sends a call and waits for its reply.
@@ -102,8 +115,9 @@ impl EngineLink {
     }
 
     async fn run(self: Rc<Self>) {
-        loop {
+        while !self.closed.get() {
             match self.connect().await {
+                Ok(_) if self.closed.get() => break,
                 Ok(s) => {
                     let s = Rc::new(s);
                     *self.stream.borrow_mut() = Some(s.clone());
@@ -111,12 +125,18 @@ impl EngineLink {
                     self.logged_down.set(false);
                     log::info!("gateway thread {}: connected to engine {}", self.thread, self.addr);
                     let flusher = tokio::task::spawn_local(self.clone().flusher(s.clone()));
-                    self.read_loop(&s).await;
+                    tokio::select! {
+                        () = self.read_loop(&s) => {}
+                        () = self.stop.notified() => {}
+                    }
                     flusher.abort();
                     self.up.set(false);
                     *self.stream.borrow_mut() = None;
                     self.out.borrow_mut().clear();
                     self.fail_pending();
+                    if self.closed.get() {
+                        break;
+                    }
                     log::warn!("gateway thread {}: lost engine {}", self.thread, self.addr);
                 }
                 Err(e) => {

@@ -7,6 +7,7 @@
 //! from another origin's page, and must say what they send with a content
 //! type no HTML form can (so a cross-site form cannot post one).
 
+use crate::cluster::{Engine, InFlight};
 use crate::control::ControlError;
 use crate::engine_link::Reply;
 use crate::inputs;
@@ -29,6 +30,8 @@ pub type Resp = Response<Full<Bytes>>;
 pub const CALL_ID_HEADER: &str = "x-call-id";
 pub const TIMING_HEADER: &str = "x-staccato-timing";
 pub const TIMEOUT_HEADER: &str = "x-staccato-timeout-ms";
+/// Which engine ran the call (its id in `/system/engines`).
+pub const ENGINE_HEADER: &str = "x-staccato-engine";
 
 /// `management_only`: the connection is beyond the connection limit and
 /// may only reach `/system/*` and `/healthz` (calls get 503).
@@ -70,9 +73,9 @@ pub(crate) async fn handle(
             invoke(&sh, &th, &name, req).await
         }
         (&Method::GET, ["healthz"]) => {
-            // Healthy means calls can succeed: connected, and every stored
-            // function is back on the engine after a (re)connection.
-            let up = th.link.is_up() && sh.control.restored();
+            // Healthy means calls can succeed: an engine is connected, and
+            // every stored function is on it (after a (re)connection too).
+            let up = th.any_ready(&sh);
             let body = json!({"status": if up {"ok"} else {"degraded"}, "engine": if up {"up"} else {"down"}});
             json_resp(if up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
         }
@@ -108,6 +111,7 @@ fn wrong_type(want: &str, got: &str) -> Resp {
 async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incoming>) -> Resp {
     let start = Instant::now();
     let call_id = th.next_call_id();
+    let mut served_by: Option<Arc<Engine>> = None;
     let max = sh.cfg.payload_len_max;
     let declared = inputs::content_length(req.headers());
     let timeout_ms = inputs::timeout_ms(req.headers());
@@ -127,20 +131,34 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                 };
                 Err((kind, msg, Timing::default()))
             }
-            Ok(body) => match th.link.call(call_id, timeout_ms.unwrap_or(0), name, &body.to_bytes()).await {
-                Reply::Ok(out, t) => Ok((out, t)),
-                // Deployed, but the engine does not have it: the engine
-                // restarted and the function is not restored yet (or its
-                // restore failed). That is the runtime's fault, not a 404.
-                Reply::Err(ErrorKind::NotFound, _, t) if sh.store.get(name).is_ok_and(|s| s.is_some()) => {
-                    let msg = format!(
-                        "function {name} is deployed but not running on the engine yet (it is being restored \
-                         after an engine restart, or its restore failed: see the gateway log); retry shortly"
-                    );
-                    Err((ErrorKind::EngineUnavailable, msg, t))
+            Ok(body) => {
+                let reply = match th.pick(sh) {
+                    None => Reply::Err(
+                        ErrorKind::EngineUnavailable,
+                        "no engine is ready: none has joined this gateway, or none is reachable".into(),
+                        Timing::default(),
+                    ),
+                    Some(l) => {
+                        let _counted = InFlight::new(&l.engine);
+                        served_by = Some(l.engine.clone());
+                        l.link.call(call_id, timeout_ms.unwrap_or(0), name, &body.to_bytes()).await
+                    }
+                };
+                match reply {
+                    Reply::Ok(out, t) => Ok((out, t)),
+                    // Deployed, but the engine does not have it: the engine
+                    // restarted and the function is not restored yet (or its
+                    // restore failed). That is the runtime's fault, not a 404.
+                    Reply::Err(ErrorKind::NotFound, _, t) if sh.store.get(name).is_ok_and(|s| s.is_some()) => {
+                        let msg = format!(
+                            "function {name} is deployed but not running on the engine yet (it is being restored \
+                             after an engine restart, or its restore failed: see the gateway log); retry shortly"
+                        );
+                        Err((ErrorKind::EngineUnavailable, msg, t))
+                    }
+                    Reply::Err(k, m, t) => Err((k, m, t)),
                 }
-                Reply::Err(k, m, t) => Err((k, m, t)),
-            },
+            }
         }
     };
     let latency_s = start.elapsed().as_secs_f64();
@@ -153,6 +171,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
             h.insert(CALL_ID_HEADER, HeaderValue::from_str(&id).expect("hex is a valid header"));
             h.insert(TIMING_HEADER, timing_header(t));
+            engine_header(&mut r, served_by.as_deref());
             r
         }
         Err((kind, msg, t)) => {
@@ -166,8 +185,16 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
             let mut r = error_resp(status, kind.name(), &msg, Some(&id));
             r.headers_mut().insert(CALL_ID_HEADER, HeaderValue::from_str(&id).expect("hex is a valid header"));
             r.headers_mut().insert(TIMING_HEADER, timing_header(t));
+            engine_header(&mut r, served_by.as_deref());
             r
         }
+    }
+}
+
+fn engine_header(r: &mut Resp, engine: Option<&Engine>) {
+    // Engine ids are checked header-safe characters when they join.
+    if let Some(v) = engine.and_then(|e| HeaderValue::from_str(&e.id).ok()) {
+        r.headers_mut().insert(ENGINE_HEADER, v);
     }
 }
 
@@ -213,10 +240,40 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
         (&Method::GET, ["trace"]) => {
             let (function, limit) = inputs::trace_query(&query);
             let req = ctl::Request::Trace { function, limit: limit as u32 };
-            match sh.control.request(req).await {
-                Ok(ctl::Reply::Traces { traces }) => json_resp(StatusCode::OK, &json!(traces)),
-                Ok(other) => unexpected(&other),
-                Err(e) => control_error(&e),
+            let mut out = Vec::new();
+            for (e, answer) in to_all(sh, req, Vec::new()).await {
+                match answer {
+                    Ok(ctl::Reply::Traces { traces }) => out.extend(traces.into_iter().map(|t| {
+                        let mut v = json!(t);
+                        v["engine"] = json!(e.id);
+                        v
+                    })),
+                    Ok(other) => return unexpected(&other),
+                    Err(err) => log::warn!("traces of engine {}: {err}", e.id),
+                }
+            }
+            json_resp(StatusCode::OK, &Value::Array(out))
+        }
+        (&Method::GET, ["engines"]) => json_resp(StatusCode::OK, &json!(sh.engines.rows())),
+        (&Method::POST, ["engines"]) => {
+            let ct = inputs::content_type(req.headers());
+            if ct != "application/json" {
+                return wrong_type("application/json", &ct);
+            }
+            let body = match Limited::new(req.into_body(), 4096).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("reading body: {e}"), None)
+                }
+            };
+            join(sh, &body)
+        }
+        (&Method::DELETE, ["engines", id]) => {
+            if sh.engines.leave(id) {
+                log::info!("engine {id} left");
+                json_resp(StatusCode::OK, &json!({ "left": id }))
+            } else {
+                error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no joined engine {id:?}"), None)
             }
         }
         _ => error_resp(
@@ -228,19 +285,69 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
     }
 }
 
+/// An engine joins, or renews its lease (api::cluster).
+fn join(sh: &GwShared, body: &[u8]) -> Resp {
+    let j: api::cluster::Join = match serde_json::from_slice(body) {
+        Ok(j) => j,
+        Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &format!("engine join: {e}"), None),
+    };
+    match sh.engines.join(&j) {
+        Ok(new) => {
+            if new {
+                log::info!("engine {} joined from {}", j.id, j.address);
+            }
+            let joined =
+                api::cluster::Joined { new, lease_ms: api::cluster::LEASE_MS, renew_ms: api::cluster::RENEW_MS };
+            json_resp(StatusCode::OK, &json!(joined))
+        }
+        Err(e @ crate::cluster::JoinError::Full) => {
+            error_resp(StatusCode::SERVICE_UNAVAILABLE, "overloaded", &e.to_string(), None)
+        }
+        Err(e) => error_resp(StatusCode::BAD_REQUEST, "bad_request", &e.to_string(), None),
+    }
+}
+
+/// Sends a control request to every engine at once; the answers, in the
+/// table's order.
+async fn to_all(
+    sh: &GwShared,
+    req: ctl::Request,
+    attachment: Vec<u8>,
+) -> Vec<(Arc<Engine>, Result<ctl::Reply, ControlError>)> {
+    let pending: Vec<_> = sh
+        .engines
+        .snapshot()
+        .iter()
+        .map(|e| {
+            let (c, req, attachment) = (e.control.clone(), req.clone(), attachment.clone());
+            (e.clone(), tokio::task::spawn_local(async move { c.request_with(req, attachment).await }))
+        })
+        .collect();
+    let mut out = Vec::with_capacity(pending.len());
+    for (e, task) in pending {
+        out.push((e, task.await.unwrap_or(Err(ControlError::Gone))));
+    }
+    out
+}
+
 async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
     let specs = match sh.store.list() {
         Ok(s) => s,
         Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
     };
-    // Without the engine, the stored functions are listed with no status.
-    let live = match sh.control.request(ctl::Request::Status).await {
-        Ok(ctl::Reply::Status { functions }) => functions,
-        _ => Vec::new(),
-    };
+    // Each function's status on each engine that runs it; without engines,
+    // the stored functions are listed with no status.
+    let mut live: Vec<(String, ctl::FunctionStatus)> = Vec::new();
+    for (e, answer) in to_all(sh, ctl::Request::Status, Vec::new()).await {
+        if let Ok(ctl::Reply::Status { functions }) = answer {
+            live.extend(functions.into_iter().map(|f| (e.id.clone(), f)));
+        }
+    }
     let mut out = Vec::new();
     for s in specs.iter().filter(|s| one.is_none_or(|n| n == s.name)) {
-        let st = live.iter().find(|f| f.name == s.name);
+        let on: Vec<&(String, ctl::FunctionStatus)> = live.iter().filter(|(_, f)| f.name == s.name).collect();
+        let st = on.first().map(|(_, f)| f);
+        let engines: Vec<&str> = on.iter().map(|(id, _)| id.as_str()).collect();
         out.push(json!({
             "name": s.name,
             "runtime": s.runtime.name(),
@@ -250,6 +357,7 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
             "timeout_ms": s.timeout_ms,
             "env": s.env,
             "status": st,
+            "engines": engines,
         }));
     }
     match (one, out.pop()) {
@@ -320,13 +428,24 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
             Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
         };
         let name = spec.name.clone();
-        match sh.control.request_with(ctl::Request::Register { spec: spec.clone() }, archive).await {
-            Ok(ctl::Reply::Registered { notes: n, .. }) if !n.is_empty() => {
-                notes.insert(name, json!(n));
+        let answers = to_all(sh, ctl::Request::Register { spec: spec.clone() }, archive).await;
+        if answers.is_empty() {
+            let msg = "no engine has joined this gateway (start one with `staccato engine --join URL`)";
+            return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", msg, None);
+        }
+        let several = answers.len() > 1;
+        for (e, answer) in answers {
+            match answer {
+                Ok(ctl::Reply::Registered { notes: n, .. }) if !n.is_empty() => {
+                    notes.insert(name.clone(), json!(n));
+                }
+                Ok(ctl::Reply::Registered { .. }) => {}
+                Ok(other) => return unexpected(&other),
+                // The engines that took it keep it until the next deploy
+                // or removal of the name.
+                Err(err) if several => return control_error_at(&err, &e.id),
+                Err(err) => return control_error(&err),
             }
-            Ok(ctl::Reply::Registered { .. }) => {}
-            Ok(other) => return unexpected(&other),
-            Err(e) => return control_error(&e),
         }
         if let Err(e) = sh.store.put(&spec) {
             return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None);
@@ -352,19 +471,20 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
         Ok(b) => b,
         Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
     };
-    let in_engine = match sh.control.request(ctl::Request::Unregister { name: name.to_string() }).await {
-        Ok(_) => true,
-        Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => false,
-        // Removed from the store, but the engine was not told: it runs the
-        // function until it restarts (a reconnection only re-registers what
-        // the store has, it removes nothing). Logged, not refused: the
-        // function is gone as far as deploys and listings go.
-        Err(e) if in_store => {
-            log::warn!("removing function {name} from the engine: {e}");
-            false
+    let mut in_engine = false;
+    for (e, answer) in to_all(sh, ctl::Request::Unregister { name: name.to_string() }, Vec::new()).await {
+        match answer {
+            Ok(_) => in_engine = true,
+            Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => {}
+            // Removed from the store, but this engine was not told: it runs
+            // the function until it restarts (a reconnection only
+            // re-registers what the store has, it removes nothing). Logged,
+            // not refused: the function is gone as far as deploys and
+            // listings go.
+            Err(err) if in_store => log::warn!("removing function {name} from engine {}: {err}", e.id),
+            Err(err) => return control_error_at(&err, &e.id),
         }
-        Err(e) => return control_error(&e),
-    };
+    }
     if !in_store && !in_engine {
         return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None);
     }
@@ -376,6 +496,12 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
 fn control_error(e: &ControlError) -> Resp {
     let (status, kind) = e.http();
     error_resp(status, kind, &e.to_string(), None)
+}
+
+/// The same, naming the engine (when the request went to several).
+fn control_error_at(e: &ControlError, engine: &str) -> Resp {
+    let (status, kind) = e.http();
+    error_resp(status, kind, &format!("engine {engine}: {e}"), None)
 }
 
 /// The engine answered a request with a reply to another kind of request.

@@ -1,13 +1,17 @@
 //! The Staccato gateway: the HTTP front door. External calls arrive here and
-//! go to an engine over a persistent TCP connection (Nightcore §3.1);
-//! internal calls never pass through it (§3.2).
+//! go to one of the engines over a persistent TCP connection (Nightcore
+//! §3.1); internal calls never pass through it (§3.2).
 //!
 //! Threads: `threads` HTTP threads, each a current-thread tokio runtime with
-//! its own SO_REUSEPORT listener and its own engine connection, so a request
-//! is parsed, forwarded and answered on one thread (and, pinned, one vCPU).
-//! Management requests go to the engine through one control thread.
+//! its own SO_REUSEPORT listener and its own connection to each engine, so a
+//! request is parsed, forwarded and answered on one thread (and, pinned, one
+//! vCPU). Each call goes to the engine with the fewest calls in flight from
+//! this gateway (Nightcore's least-load pick), among those that are ready.
+//! Management requests go to every engine, through a control thread each.
+//! The engines are static (`--engine`) or join at run time ([`cluster`]).
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 mod control;
 mod engine_link;
 pub mod http;
@@ -15,12 +19,12 @@ pub mod inputs;
 mod metrics;
 pub mod store;
 
-use control::ControlClient;
+use cluster::{Engine, Engines};
 use engine_link::EngineLink;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,7 +36,8 @@ use store::Store;
 #[derive(Clone, Debug)]
 pub struct GatewayConfig {
     pub listen: SocketAddr,
-    pub engine: SocketAddr,
+    /// Engines named on the command line (more may join).
+    pub engines: Vec<SocketAddr>,
     pub threads: usize,
     /// Required on `/system/*` when set; must be set to listen beyond loopback.
     pub token: Option<String>,
@@ -79,17 +84,81 @@ pub(crate) struct GwShared {
     pub warned_full_s: AtomicU64,
     pub store: Arc<Store>,
     pub metrics: metrics::Metrics,
-    pub control: ControlClient,
+    pub engines: Arc<Engines>,
 }
 
-/// Per-thread state: the thread's engine link and call id counter.
+/// Per-thread state: the thread's links to the engines and call id counter.
 pub(crate) struct ThreadState {
-    pub link: Rc<EngineLink>,
+    links: RefCell<Vec<Link>>,
+    /// The table version `links` was made from.
+    seen: Cell<u64>,
+    /// Where the next least-load scan starts, so ties rotate.
+    turn: Cell<usize>,
     next_seq: Cell<u64>,
     thread: u64,
 }
 
+/// One engine, and this thread's data connection to it.
+#[derive(Clone)]
+pub(crate) struct Link {
+    pub engine: Arc<Engine>,
+    pub link: Rc<EngineLink>,
+}
+
 impl ThreadState {
+    /// The engine for the next call: among the ready ones, the one with
+    /// the fewest calls in flight from this gateway; ties go round in turn.
+    pub fn pick(&self, sh: &GwShared) -> Option<Link> {
+        self.sync(sh);
+        let links = self.links.borrow();
+        match links.as_slice() {
+            [] => None,
+            [one] => (one.link.is_up() && one.engine.ready()).then(|| one.clone()),
+            _ => {
+                let start = self.turn.get();
+                self.turn.set(start.wrapping_add(1));
+                let n = links.len();
+                (0..n)
+                    .map(|i| &links[(start + i) % n])
+                    .filter(|l| l.link.is_up() && l.engine.ready())
+                    .min_by_key(|l| l.engine.in_flight.load(Ordering::Relaxed))
+                    .cloned()
+            }
+        }
+    }
+
+    /// Whether any engine could take a call now.
+    pub fn any_ready(&self, sh: &GwShared) -> bool {
+        self.sync(sh);
+        self.links.borrow().iter().any(|l| l.link.is_up() && l.engine.ready())
+    }
+
+    /// Brings this thread's links in line with the engine table: a link to
+    /// each engine, made when it joins and closed when it leaves.
+    fn sync(&self, sh: &GwShared) {
+        let version = sh.engines.version();
+        if version == self.seen.get() {
+            return;
+        }
+        let table = sh.engines.snapshot();
+        let mut links = self.links.borrow_mut();
+        let mut next = Vec::with_capacity(table.len());
+        for e in table.iter() {
+            match links.iter().position(|l| Arc::ptr_eq(&l.engine, e)) {
+                Some(i) => next.push(links.swap_remove(i)),
+                None => next.push(Link {
+                    engine: e.clone(),
+                    link: EngineLink::start(e.addr, sh.cfg.engine_secret.clone(), self.thread as u32),
+                }),
+            }
+        }
+        for gone in links.drain(..) {
+            gone.link.close();
+        }
+        *links = next;
+        self.seen.set(version);
+    }
+
     /// Gateway call ids: bit 63 set (docs/protocol.md), the thread index in
     /// bits 56..63, a counter below that which starts at the start-up time in
     /// microseconds so a restarted gateway does not reuse recent ids.
@@ -111,7 +180,11 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     }
     std::fs::create_dir_all(&cfg.state_dir)?;
     let store = Arc::new(Store::open(&cfg.state_dir.join("functions.redb"))?);
-    let control = ControlClient::start(cfg.engine, cfg.engine_secret.clone(), store.clone());
+    let engines = Arc::new(Engines::new(store.clone(), cfg.engine_secret.clone()));
+    for addr in &cfg.engines {
+        engines.add_static(*addr);
+    }
+    cluster::start_expiry(engines.clone());
     let threads = cfg.threads.max(1);
     // Bind the first listener here so an address in use is reported to the
     // caller, and so port 0 resolves to one port every thread shares.
@@ -121,7 +194,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         cfg,
         store,
         metrics: metrics::Metrics::new(threads),
-        control,
+        engines,
         connections: AtomicUsize::new(0),
         reserve: AtomicUsize::new(0),
         warned_full_s: AtomicU64::new(0),
@@ -210,10 +283,25 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
                 return;
             }
         };
-        let link = EngineLink::start(sh.cfg.engine, sh.cfg.engine_secret.clone(), idx as u32);
         let start_us =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
-        let th = Rc::new(ThreadState { link, next_seq: Cell::new(start_us), thread: idx as u64 & 0x7f });
+        let th = Rc::new(ThreadState {
+            links: RefCell::new(Vec::new()),
+            seen: Cell::new(0),
+            turn: Cell::new(idx),
+            next_seq: Cell::new(start_us),
+            thread: idx as u64 & 0x7f,
+        });
+        // Links to the engines known now, before the first request, and to
+        // those that join later, before their first call.
+        th.sync(&sh);
+        let (sh2, th2) = (sh.clone(), th.clone());
+        tokio::task::spawn_local(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                th2.sync(&sh2);
+            }
+        });
         let started = std::time::Instant::now();
         loop {
             let stream = match listener.accept().await {

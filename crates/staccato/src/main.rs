@@ -35,7 +35,7 @@ enum Cmd {
     Up(up::UpArgs),
     /// Run only an engine (for a gateway elsewhere).
     Engine(up::EngineCmd),
-    /// Run only a gateway, in front of an engine at --engine.
+    /// Run only a gateway, in front of engines (--engine, or engines that join).
     Gateway(up::GatewayCmd),
     /// Stop a Staccato started with `up --detach`.
     Down {
@@ -65,6 +65,11 @@ enum Cmd {
         /// Print the call id and timing to standard error.
         #[arg(short, long)]
         verbose: bool,
+    },
+    /// List the engines a gateway sends calls to.
+    Engines {
+        #[arg(long)]
+        json: bool,
     },
     /// List deployed functions.
     Ls {
@@ -114,7 +119,7 @@ fn run(cli: Cli) -> Result<()> {
     };
     match cli.cmd {
         Cmd::Up(args) => up::up(args),
-        Cmd::Engine(args) => up::engine_only(args),
+        Cmd::Engine(args) => up::engine_only(args, cli.token.clone()),
         Cmd::Gateway(args) => up::gateway_only(args),
         Cmd::Down { state_dir } => up::down(state_dir),
         Cmd::New { ref name, lang, ref dir } => new::new(name, lang, dir),
@@ -123,6 +128,7 @@ fn run(cli: Cli) -> Result<()> {
             invoke(&mut client()?, name, data.as_deref(), timeout_ms, verbose)
         }
         Cmd::Ls { json } => ls(&mut client()?, json),
+        Cmd::Engines { json } => engines(&mut client()?, json),
         Cmd::Rm { ref names } => {
             let mut c = client()?;
             for n in names {
@@ -156,8 +162,8 @@ fn run(cli: Cli) -> Result<()> {
             let r = client()?.request("GET", &path, b"").map_err(unreachable(&cli.gateway))?;
             let v = check(&r)?;
             println!(
-                "{:<18} {:<18} {:<16} {:>8} {:>10} {:>10}  outcome",
-                "call", "parent", "function", "worker", "queue_us", "exec_us"
+                "{:<18} {:<18} {:<16} {:<22} {:>8} {:>10} {:>10}  outcome",
+                "call", "parent", "function", "engine", "worker", "queue_us", "exec_us"
             );
             for t in v.as_array().into_iter().flatten() {
                 let n = |k: &str| t[k].as_u64().unwrap_or(0);
@@ -165,10 +171,11 @@ fn run(cli: Cli) -> Result<()> {
                 let exec =
                     if n("dispatch_ns") > 0 { n("complete_ns").saturating_sub(n("dispatch_ns")) / 1000 } else { 0 };
                 println!(
-                    "{:<18} {:<18} {:<16} {:>8} {:>10} {:>10}  {}",
+                    "{:<18} {:<18} {:<16} {:<22} {:>8} {:>10} {:>10}  {}",
                     t["call_id"].as_str().unwrap_or(""),
                     t["parent_call_id"].as_str().unwrap_or(""),
                     t["function"].as_str().unwrap_or(""),
+                    t["engine"].as_str().unwrap_or(""),
                     n("worker_id"),
                     queue,
                     exec,
@@ -274,6 +281,33 @@ fn invoke(c: &mut Gateway, name: &str, data: Option<&str>, timeout_ms: Option<u3
     std::io::stdout().write_all(&r.body)?;
     if std::io::IsTerminal::is_terminal(&std::io::stdout()) && !r.body.ends_with(b"\n") {
         println!();
+    }
+    Ok(())
+}
+
+fn engines(c: &mut Gateway, json: bool) -> Result<()> {
+    let r = c.request("GET", "/system/engines", b"").context("cannot reach the gateway (is it running?)")?;
+    let v = check(&r)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>8}",
+        "ID", "ADDRESS", "KIND", "STATE", "IN FLIGHT", "CALLS", "LEASE"
+    );
+    for e in v.as_array().into_iter().flatten() {
+        let lease = e["lease_left_ms"].as_u64().map_or("-".to_string(), |ms| format!("{:.1}s", ms as f64 / 1e3));
+        println!(
+            "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>8}",
+            e["id"].as_str().unwrap_or(""),
+            e["address"].as_str().unwrap_or(""),
+            e["kind"].as_str().unwrap_or(""),
+            e["state"].as_str().unwrap_or(""),
+            e["in_flight"],
+            e["calls"],
+            lease
+        );
     }
     Ok(())
 }

@@ -190,7 +190,7 @@ pub struct UpArgs {
     pub detach: bool,
 }
 
-/// `staccato engine`: an engine alone, for a gateway on another machine.
+/// `staccato engine`: an engine alone, for gateways on other machines.
 #[derive(Args, Clone, Debug)]
 pub struct EngineCmd {
     #[command(flatten)]
@@ -199,18 +199,32 @@ pub struct EngineCmd {
     pub engine: EngineArgs,
     #[command(flatten)]
     pub secret: EngineTokenArgs,
+    /// A gateway to join (http://HOST:PORT), with the management token
+    /// (--token or STACCATO_TOKEN); repeat it for several gateways. The
+    /// engine tells each where to reach it, every second, while it runs.
+    #[arg(long, value_name = "URL")]
+    pub join: Vec<String>,
+    /// The address gateways reach this engine at (default: --engine-listen,
+    /// which must then be a specific address).
+    #[arg(long)]
+    pub advertise: Option<SocketAddr>,
+    /// This engine's name in the gateways' tables (default: its advertised
+    /// address).
+    #[arg(long)]
+    pub engine_id: Option<String>,
 }
 
-/// `staccato gateway`: a gateway alone, in front of an engine elsewhere.
+/// `staccato gateway`: a gateway alone, in front of engines elsewhere.
 #[derive(Args, Clone, Debug)]
 pub struct GatewayCmd {
     #[command(flatten)]
     pub common: CommonArgs,
     #[command(flatten)]
     pub gateway: GatewayArgs,
-    /// The engine to send calls to.
+    /// An engine to send calls to; repeat it for several. Engines may also
+    /// join at run time (`staccato engine --join`).
     #[arg(long)]
-    pub engine: SocketAddr,
+    pub engine: Vec<SocketAddr>,
     #[command(flatten)]
     pub secret: EngineTokenArgs,
 }
@@ -238,7 +252,7 @@ pub fn up(args: UpArgs) -> Result<()> {
     sys::process::block_termination_signals();
     let secret = api::auth::Secret::random().map_err(|e| anyhow!("{e}"))?;
     let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc, secret.clone())?;
-    let gw = start_gateway(&args.common, &args.gateway, engine.addr, &state, secret)?;
+    let gw = start_gateway(&args.common, &args.gateway, vec![engine.addr], &state, secret)?;
     std::fs::write(state.join("staccato.pid"), std::process::id().to_string())?;
     println!(
         "Staccato is up: gateway http://{} (engine {}, IPC {}, state {})",
@@ -250,8 +264,23 @@ pub fn up(args: UpArgs) -> Result<()> {
     wait_and_stop(&engine)
 }
 
-pub fn engine_only(args: EngineCmd) -> Result<()> {
+pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
     let state = state_dir(args.common.state_dir.clone());
+    if let Some(id) = args.engine_id.as_deref().filter(|id| !api::cluster::valid_engine_id(id)) {
+        bail!("--engine-id {id:?}: use 1-64 of A-Z a-z 0-9 . _ : -");
+    }
+    let joins = args
+        .join
+        .iter()
+        .map(|url| client::Gateway::new(url, token.clone(), Some(Duration::from_secs(2))).map(|g| (url.clone(), g)))
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("--join")?;
+    if args.advertise.is_none() && !joins.is_empty() && args.engine.engine_listen.ip().is_unspecified() {
+        bail!(
+            "--engine-listen {} is no address a gateway can dial: give --advertise ADDRESS:PORT",
+            args.engine.engine_listen
+        );
+    }
     std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
     let default_ipc = format!("/dev/shm/staccato-engine-{}", args.engine.engine_listen.port());
     let ipc_dir = args.engine.ipc_dir.clone().unwrap_or_else(|| PathBuf::from(&default_ipc));
@@ -267,7 +296,52 @@ pub fn engine_only(args: EngineCmd) -> Result<()> {
         ipc_dir.display(),
         state.display()
     );
-    wait_and_stop(&engine)
+    let address = args.advertise.unwrap_or(engine.addr);
+    let join = api::cluster::Join { id: args.engine_id.clone().unwrap_or_else(|| address.to_string()), address };
+    let leave = joins.iter().map(|(url, _)| url.clone()).collect::<Vec<_>>();
+    // A thread per gateway: one that is down must not delay the others'
+    // renewals past their lease.
+    for (url, gw) in joins {
+        let j = join.clone();
+        std::thread::Builder::new().name("engine-join".into()).spawn(move || join_loop(&url, gw, &j))?;
+    }
+    std::io::Write::flush(&mut std::io::stdout()).ok();
+    let sig = sys::process::wait_termination();
+    log::info!("signal {sig}: stopping");
+    // Leave first, so no gateway sends another call.
+    for url in leave {
+        let gone = client::Gateway::new(&url, token.clone(), Some(Duration::from_secs(1)))
+            .and_then(|mut g| g.request("DELETE", &format!("/system/engines/{}", join.id), b""));
+        if let Err(e) = gone {
+            log::warn!("leaving {url}: {e}");
+        }
+    }
+    engine.shutdown();
+    std::process::exit(0)
+}
+
+/// Tells a gateway where this engine is, every `RENEW_MS`, for as long as
+/// the engine runs; says so when the gateway stops or starts answering.
+fn join_loop(url: &str, mut gw: client::Gateway, join: &api::cluster::Join) {
+    let body = serde_json::to_vec(join).expect("a Join serializes");
+    let mut last = "never tried".to_string();
+    loop {
+        let r = gw.request_with_headers("POST", "/system/engines", &body, &[("content-type", "application/json")]);
+        let error = match r {
+            Ok(r) if r.status == 200 => String::new(),
+            Ok(r) => format!("HTTP {}: {}", r.status, String::from_utf8_lossy(&r.body).trim()),
+            Err(e) => e.to_string(),
+        };
+        if error != last {
+            if error.is_empty() {
+                log::info!("joined gateway {url} as {} ({})", join.id, join.address);
+            } else {
+                log::warn!("joining gateway {url}: {error} (retrying every second)");
+            }
+            last = error;
+        }
+        std::thread::sleep(Duration::from_millis(api::cluster::RENEW_MS));
+    }
 }
 
 /// Runs until SIGTERM/SIGINT, then removes the engine's containers.
@@ -287,8 +361,10 @@ pub fn gateway_only(args: GatewayCmd) -> Result<()> {
     let (secret, _) = engine_secret(&args.secret, &state, false).context(
         "the gateway needs the engine's token (--engine-token, STACCATO_ENGINE_TOKEN or --engine-token-file)",
     )?;
-    let gw = start_gateway(&args.common, &args.gateway, args.engine, &state, secret)?;
-    println!("Staccato gateway is up: http://{} (engine {})", gw.addr, args.engine);
+    let gw = start_gateway(&args.common, &args.gateway, args.engine.clone(), &state, secret)?;
+    let engines: Vec<String> = args.engine.iter().map(ToString::to_string).collect();
+    let engines = if engines.is_empty() { "none yet: engines join with --join".into() } else { engines.join(", ") };
+    println!("Staccato gateway is up: http://{} (engines: {engines})", gw.addr);
     park()
 }
 
@@ -416,7 +492,7 @@ fn container_config(e: &EngineArgs, state: &Path, runtimes: &Path) -> Result<Opt
 fn start_gateway(
     c: &CommonArgs,
     g: &GatewayArgs,
-    engine: SocketAddr,
+    engines: Vec<SocketAddr>,
     state: &Path,
     engine_secret: api::auth::Secret,
 ) -> Result<gateway::Gateway> {
@@ -446,7 +522,7 @@ fn start_gateway(
         connections_max: g.max_connections.clamp(1, fd_room),
         idle_timeout: g.idle_timeout_s,
         listen: g.listen,
-        engine,
+        engines,
         threads: g.gateway_threads.unwrap_or_else(|| sys::cpu::cpus_allowed().len().clamp(1, 8)),
         token,
         engine_secret,

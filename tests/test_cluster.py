@@ -1,0 +1,232 @@
+"""Engines join gateways (issue 11): a gateway with no engine of its own,
+engines that join it at run time with `staccato engine --join`, calls
+balanced over them by fewest calls in flight, late joiners given every
+function, and engines that die or leave dropped from the table.
+
+Everything runs on loopback here, each engine with its own state and IPC
+directories and plain-process isolation (the network-namespace hosts of
+`netns::testbed` are for the cross-host tests).
+"""
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from harness import (BIN, FUNCS, REPO, check_error, clean_env, free_port, ok_body, own_server, request,
+                     wait_for)
+
+TOKEN = "cluster-test-" + secrets.token_hex(8)
+ENGINE_TOKEN = "engine-secret-" + secrets.token_hex(8)
+
+
+class EngineProc:
+    """One `staccato engine --join` process."""
+
+    def __init__(self, root, gport, name, extra=()):
+        self.port = free_port()
+        self.dir = Path(root) / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ipc = Path(f"/dev/shm/staccato-test-engine-{self.port}")
+        self.log = self.dir / "engine.log"
+        self.id = f"127.0.0.1:{self.port}"
+        self.argv = [str(BIN), "engine", "--engine-listen", self.id, "--state-dir", str(self.dir / "state"),
+                     "--ipc-dir", str(self.ipc), "--isolation", "process", "--engine-token", ENGINE_TOKEN,
+                     "--join", f"http://127.0.0.1:{gport}", "--token", TOKEN, *extra]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=clean_env(), cwd=REPO)
+
+    def stop(self, sig=signal.SIGKILL):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        shutil.rmtree(self.ipc, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def cluster(root, engines=3):
+    """A gateway with no engine of its own, and `engines` that join it."""
+    root = Path(root)
+    gport = free_port()
+    procs = [EngineProc(root, gport, f"engine{i}") for i in range(engines)]
+    gw_argv = [str(BIN), "gateway", "--listen", f"127.0.0.1:{gport}", "--token", TOKEN, "--engine-token",
+               ENGINE_TOKEN, "--state-dir", str(root / "gateway-state")]
+    try:
+        # Healthy once an engine has joined and is ready.
+        with own_server(root / "gw", port=gport, argv=gw_argv, token=TOKEN,
+                        state_dir=root / "gateway-state") as gw:
+            gw.engine_procs = list(procs)  # those running
+            gw.all_procs = procs  # every one started, stopped at the end
+            gw.root = root
+            assert wait_for(lambda: len(ready(gw)) == engines, timeout=20), table(gw)
+            yield gw
+    except BaseException:
+        for p in procs:
+            print(f"--- tail of {p.log}\n" + "\n".join(p.log.read_text(errors="replace").splitlines()[-20:]))
+        raise
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def table(gw):
+    r = gw.get("/system/engines")
+    assert r.status == 200, r
+    return r.json()
+
+
+def ready(gw):
+    return [e["id"] for e in table(gw) if e["state"] == "ready"]
+
+
+def served_by(r):
+    return r.headers.get("x-staccato-engine")
+
+
+MANIFEST = """functions:
+  echo:
+    runtime: python
+    source: {py}
+    handler: echo:handle
+    max_workers: 16
+  sleepy:
+    runtime: python
+    source: {root}/sleepy
+    handler: sleepy:handle
+    max_workers: 16
+"""
+
+SLEEPY = """
+import asyncio
+
+async def handle(ctx, data):
+    await asyncio.sleep(0.05)
+    return data
+"""
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cluster")
+    (root / "sleepy").mkdir()
+    (root / "sleepy" / "sleepy.py").write_text(SLEEPY)
+    (root / "staccato.yml").write_text(MANIFEST.format(py=FUNCS / "py", root=root))
+    with cluster(root) as g:
+        g.deploy(root / "staccato.yml")
+        yield g
+
+
+def test_engines_join_and_are_listed(gw):
+    rows = table(gw)
+    assert sorted(e["id"] for e in rows) == sorted(p.id for p in gw.engine_procs), rows
+    for e in rows:
+        assert e["kind"] == "joined" and e["state"] == "ready", e
+        assert 0 < e["lease_left_ms"] <= 3000, e
+    out = gw.cli("engines")
+    assert out.returncode == 0, out.stderr
+    for p in gw.engine_procs:
+        assert p.id in out.stdout, out.stdout
+    # Every engine runs every function.
+    f = gw.function("echo")
+    assert sorted(f["engines"]) == sorted(p.id for p in gw.engine_procs), f
+
+
+def test_calls_are_spread_over_the_engines(gw):
+    """16 connections, 30 calls each: each engine serves a share within 2x
+    of the mean, and says so in x-staccato-engine."""
+    def caller(i):
+        return [served_by(gw.invoke("sleepy", b"%d" % i)) for _ in range(30)]
+
+    with ThreadPoolExecutor(16) as ex:
+        counts = Counter(e for batch in ex.map(caller, range(16)) for e in batch)
+    assert None not in counts, counts
+    mean = sum(counts.values()) / len(gw.engine_procs)
+    assert set(counts) == {p.id for p in gw.engine_procs}, counts
+    for engine, n in counts.items():
+        assert mean / 2 <= n <= mean * 2, counts
+
+
+def test_bad_joins_are_refused(gw):
+    auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+
+    def join(body, headers=auth):
+        return request(gw.port, "POST", "/system/engines", body=body, headers=headers)
+
+    check_error(join(b'{"id": "a b", "address": "10.0.0.1:7000"}'), 400, "bad_request", call_id=False)
+    check_error(join(b'{"id": "x", "address": "0.0.0.0:7000"}'), 400, "bad_request", call_id=False)
+    check_error(join(b'{"id": "x", "address": "10.0.0.1:0"}'), 400, "bad_request", call_id=False)
+    check_error(join(b'{"id": "x", "address": "10.0.0.1:7000", "more": 1}'), 400, "bad_request", call_id=False)
+    check_error(join(b'{"id": "x", "address": "10.0.0.1:7000"}', {"Content-Type": "application/json"}), 401,
+                "unauthorized", call_id=False)
+    check_error(join(b'{"id": "x", "address": "10.0.0.1:7000"}', {"Authorization": auth["Authorization"]}), 415,
+                "unsupported_media_type", call_id=False)
+    assert "x" not in [e["id"] for e in table(gw)]
+
+
+def test_an_engine_that_joins_late_gets_every_function_first(gw):
+    late = EngineProc(gw.root, gw.port, "late")
+    gw.engine_procs.append(late)
+    gw.all_procs.append(late)
+    assert wait_for(lambda: late.id in ready(gw), timeout=20), table(gw)
+    # Ready means restored: it has both functions, and takes calls at once.
+    assert late.id in gw.function("echo")["engines"]
+    assert late.id in gw.function("sleepy")["engines"]
+    with ThreadPoolExecutor(8) as ex:
+        seen = set(ex.map(lambda i: served_by(gw.invoke("sleepy", b"x")), range(64)))
+    assert late.id in seen, seen
+
+
+def test_a_killed_engine_is_dropped_and_no_call_is_lost(gw):
+    """SIGKILL an engine while 8 connections call: every call is answered
+    once, ok or 503 engine_unavailable (those it was running), none hangs;
+    the engine leaves the table within its lease, and later calls all
+    succeed on the others."""
+    victim = gw.engine_procs[0]
+    results = []
+
+    def caller(i):
+        out = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            r = gw.invoke("sleepy", b"k", timeout=10)
+            out.append((r.status, r.json()["error"]["kind"] if r.status != 200 else None))
+        return out
+
+    with ThreadPoolExecutor(8) as ex:
+        futures = [ex.submit(caller, i) for i in range(8)]
+        time.sleep(1)
+        killed = time.monotonic()
+        victim.stop(signal.SIGKILL)
+        for f in futures:
+            results.extend(f.result())
+    statuses = Counter(results)
+    assert set(statuses) <= {(200, None), (503, "engine_unavailable")}, statuses
+    assert statuses[(200, None)] > 0, statuses
+    assert wait_for(lambda: victim.id not in [e["id"] for e in table(gw)], timeout=5), table(gw)
+    assert time.monotonic() - killed < 5
+    gw.engine_procs.remove(victim)
+    with ThreadPoolExecutor(8) as ex:
+        after = list(ex.map(lambda i: gw.invoke("sleepy", b"a"), range(32)))
+    assert all(r.status == 200 for r in after), [r for r in after if r.status != 200][:3]
+    assert victim.id not in {served_by(r) for r in after}
+
+
+def test_an_engine_that_stops_leaves_at_once(gw):
+    leaving = gw.engine_procs[-1]
+    leaving.stop(signal.SIGTERM)
+    gw.engine_procs.remove(leaving)
+    # Gone well before its lease (3 s) would run out.
+    assert wait_for(lambda: leaving.id not in [e["id"] for e in table(gw)], timeout=1.5), table(gw)
+    assert ok_body(gw.invoke("echo", b"still")) == b"still"
