@@ -41,7 +41,7 @@ def free_port():
     with contextlib.suppress(OSError, ValueError):
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     for _ in range(200):
-        port = random.randrange(10000, max(low, 10001))
+        port = random.randrange(1024 if low <= 10000 else 10000, low)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

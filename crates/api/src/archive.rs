@@ -250,8 +250,10 @@ where
     let mut tar = tar::Archive::new(gz);
     let mut sum = Summary::default();
     let mut seen = std::collections::HashSet::new();
-    // Files so far: nothing may be made below one (unpack could not).
+    // Files so far: nothing may be made below one (unpack could not); and
+    // directories so far, listed or implied: no file may take one's place.
     let mut files = std::collections::HashSet::new();
+    let mut dirs = std::collections::HashSet::new();
     let entries = tar.entries().map_err(|e| ArchiveError::Corrupt(e.to_string()))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| ArchiveError::Corrupt(e.to_string()))?;
@@ -264,15 +266,23 @@ where
         if rel.ancestors().skip(1).any(|a| files.contains(a)) {
             return Err(ArchiveError::BadEntry { path: shown, why: "a file of the archive is used as its directory" });
         }
+        dirs.extend(rel.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()).map(Path::to_path_buf));
         if sum.files + sum.dirs >= limits.entries_max {
             return Err(ArchiveError::TooManyEntries(limits.entries_max));
         }
         match entry.header().entry_type() {
             tar::EntryType::Directory => {
+                dirs.insert(rel.clone());
                 sum.dirs += 1;
                 visit(&rel, None, true)?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
+                if dirs.contains(&rel) {
+                    return Err(ArchiveError::BadEntry {
+                        path: shown,
+                        why: "a directory of the archive is also a file",
+                    });
+                }
                 let size = entry.header().size().map_err(|e| ArchiveError::Corrupt(e.to_string()))?;
                 if sum.bytes.saturating_add(size) > limits.unpacked_bytes_max {
                     return Err(ArchiveError::TooLarge { what: "unpacked", limit: limits.unpacked_bytes_max });
@@ -297,11 +307,15 @@ where
     Ok(sum)
 }
 
+/// The longest path inside an archive, in bytes.
+const PATH_LEN_MAX: usize = 3072;
+
 /// A relative path of plain names, bounded in depth and length.
 fn safe_path(raw: &[u8], limits: &Limits) -> Result<PathBuf, &'static str> {
     let s = std::str::from_utf8(raw).map_err(|_| "names must be UTF-8")?;
-    if s.is_empty() || s.len() > 4096 {
-        return Err("empty or overlong path");
+    // PATH_MAX is 4096 with the destination's path in front: leave it room.
+    if s.is_empty() || s.len() > PATH_LEN_MAX {
+        return Err("empty, or longer than 3072 bytes");
     }
     if s.bytes().any(|b| b == 0 || b == b'\\') {
         return Err("NUL or backslash in the path");
@@ -424,11 +438,16 @@ mod tests {
     fn check_refuses_exactly_what_unpack_cannot_do() {
         use tar::EntryType::{Directory as D, Regular as F};
         let long = "n".repeat(256);
+        // 16 names of 250 bytes: each fine, the path too long for PATH_MAX.
+        let deep_long = vec!["d".repeat(250); 16].join("/");
         type Entries<'a> = Vec<(&'a str, tar::EntryType, &'a [u8])>;
         let cases: Vec<(Entries, Option<&str>)> = vec![
             (vec![("a", F, b"1"), ("a/b", F, b"2")], Some("used as its directory")),
             (vec![("a", F, b"1"), ("a/b/", D, b"")], Some("used as its directory")),
             (vec![(long.as_str(), F, b"")], Some("255 bytes")),
+            (vec![("a/b", F, b"1"), ("a", F, b"2")], Some("also a file")),
+            (vec![("a/", D, b""), ("a", F, b"2")], Some("twice")),
+            (vec![(deep_long.as_str(), F, b"")], Some("3072 bytes")),
             (vec![("a/b/", D, b""), ("a/b/c", F, b"x")], None),
             (vec![("a/b/c", F, b"x"), ("a/", D, b""), ("a/b/", D, b"")], None),
         ];

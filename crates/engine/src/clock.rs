@@ -98,7 +98,7 @@ fn break_deadlock(shared: &Shared, f: &Arc<Function>) {
     // found a worker meanwhile is left to run.
     let rec = {
         let _core = f.lock_core();
-        shared.calls.remove_if(call_id, |r| r.worker.is_none())
+        shared.calls.remove_if(call_id, |r| r.worker.is_none() && Arc::ptr_eq(&r.func, f))
     };
     let Some(rec) = rec else { return };
     log::warn!("{msg}");

@@ -312,12 +312,12 @@ impl Scheduler {
         out
     }
 
-    /// Takes every queued call (the function is going away or cannot start).
-    /// Every queued call, nested ones first.
-    pub fn queued_ids(&self) -> Vec<u64> {
-        self.nested.iter().chain(&self.queue).copied().collect()
+    /// The queued nested calls (their callers hold workers of this function).
+    pub fn nested_ids(&self) -> Vec<u64> {
+        self.nested.iter().copied().collect()
     }
 
+    /// Takes every queued call (the function is going away or cannot start).
     pub fn drain_queue(&mut self) -> Vec<u64> {
         let mut all: Vec<u64> = self.nested.drain(..).collect();
         all.extend(self.queue.drain(..));

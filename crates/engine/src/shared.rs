@@ -346,10 +346,12 @@ impl Shared {
     pub fn deadlock_victim(&self, f: &Arc<Function>, now_ns: u64, min_wait_ns: u64) -> Option<u64> {
         let queued = {
             let core = f.lock_core();
-            if core.sched.running() < f.spec.max_workers || core.sched.queued() == 0 {
+            // Only a nested call (its callers hold workers of `f`) can be
+            // waited for by one of `f`'s running calls.
+            if core.sched.running() < f.spec.max_workers || core.sched.nested_ids().is_empty() {
                 return None;
             }
-            core.sched.queued_ids()
+            core.sched.nested_ids()
         };
         let running: HashSet<u64> =
             self.calls.select(|r| r.worker.is_some() && Arc::ptr_eq(&r.func, f)).into_iter().collect();

@@ -69,7 +69,9 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
 /// A deploy's build, done on its own thread.
 pub(crate) struct Built {
     seq: u64,
-    spec: FunctionSpec,
+    /// None if the build panicked (and took the spec with it).
+    spec: Option<FunctionSpec>,
+    name: String,
     generation: u128,
     code_dir: PathBuf,
     deps: Result<crate::code::Deps, Refusal>,
@@ -156,15 +158,31 @@ impl Supervisor {
         }
         self.next_deploy += 1;
         let seq = self.next_deploy;
-        self.deploys.insert(spec.name.clone(), seq);
         let name = spec.name.clone();
         let (shared, tx) = (self.shared.clone(), crate::shared::lock(&self.shared.supervisor).clone());
         let spawned = std::thread::Builder::new().name("engine-deploy".into()).spawn(move || {
-            let built = build(&shared, spec, &archive, seq);
+            let (name, generation) = (spec.name.clone(), deploy_generation(seq));
+            let code_dir = code_dir_of(&shared, &name, generation);
+            // A bug in a build must still answer its deploy.
+            let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                build(&shared, spec, &archive, seq, generation, code_dir.clone())
+            }))
+            .unwrap_or_else(|_| {
+                let _ = fs::remove_dir_all(&code_dir);
+                Built {
+                    seq,
+                    spec: None,
+                    name,
+                    generation,
+                    code_dir,
+                    deps: Err(Refusal::new(RefusalKind::Internal, "the build failed inside the engine (a bug)")),
+                }
+            });
             let _ = tx.send(SupervisorCmd::Built(Box::new(built)));
         });
         match spawned {
             Ok(_) => {
+                self.deploys.insert(name.clone(), seq);
                 self.building.insert(seq, (name, reply));
             }
             Err(e) => {
@@ -177,27 +195,29 @@ impl Supervisor {
     /// removal of the same name was asked for meanwhile.
     fn built(&mut self, b: Built) {
         let Some((_, reply)) = self.building.remove(&b.seq) else { return };
-        let deps = match b.deps {
-            Ok(deps) if self.newest(&b.spec.name, b.seq) => deps,
-            result => {
-                let _ = fs::remove_dir_all(&b.code_dir);
-                let refusal = result.err().unwrap_or_else(|| superseded(&b.spec.name));
+        let newest = self.newest(&b.name, b.seq);
+        let (spec, deps) = match (b.spec, b.deps) {
+            (Some(spec), Ok(deps)) if newest => (spec, deps),
+            (_, result) => {
+                remove_code_dir(&b.code_dir);
+                let refusal = result.err().unwrap_or_else(|| superseded(&b.name));
                 let _ = reply.send(Err(refusal));
+                self.forget_deploy(&b.name);
                 return;
             }
         };
         let internal = |m: String| Refusal::new(RefusalKind::Internal, m);
-        let log = match self.log_stream(&b.spec.name, b.generation) {
+        let log = match self.log_stream(&spec.name, b.generation) {
             Ok(log) => log,
             Err(e) => {
-                let _ = fs::remove_dir_all(&b.code_dir);
+                remove_code_dir(&b.code_dir);
                 let _ = reply.send(Err(internal(e.to_string())));
+                self.forget_deploy(&spec.name);
                 return;
             }
         };
         let shared = self.shared.clone();
         let cfg = &shared.cfg;
-        let spec = b.spec;
         let func = Arc::new(Function {
             dir: cfg.ipc_dir.join(format!("{}.{}", spec.name, b.generation)),
             log,
@@ -225,6 +245,19 @@ impl Supervisor {
     /// Whether `seq` is still the newest deploy or removal of `name`.
     fn newest(&self, name: &str, seq: u64) -> bool {
         self.deploys.get(name) == Some(&seq)
+    }
+
+    /// Whether a deploy of `name` is building or starting.
+    fn deploying(&self, name: &str) -> bool {
+        self.building.values().any(|(n, _)| n == name) || self.starting.iter().any(|st| st.func.spec.name == name)
+    }
+
+    /// Forgets `name`'s sequence number once nothing of it is under way:
+    /// the map holds only names with a deploy in flight.
+    fn forget_deploy(&mut self, name: &str) {
+        if !self.deploying(name) {
+            self.deploys.remove(name);
+        }
     }
 
     /// Installs the deploys whose launcher is ready; fails those whose
@@ -261,7 +294,9 @@ impl Supervisor {
             let st = self.starting.swap_remove(i);
             match failed {
                 Some(refusal) => {
-                    self.retire(&st.func, "deploy failed", None);
+                    let why =
+                        if refusal.kind == RefusalKind::Superseded { "it was superseded" } else { "deploy failed" };
+                    self.retire(&st.func, why, None);
                     let _ = st.reply.send(Err(refusal));
                 }
                 None => {
@@ -269,17 +304,22 @@ impl Supervisor {
                     let _ = st.reply.send(answer);
                 }
             }
+            self.forget_deploy(&st.func.spec.name);
         }
     }
 
     /// A started deploy becomes the function of its name.
     fn install(&mut self, func: &Arc<Function>) -> Result<Reply, Refusal> {
         let name = &func.spec.name;
-        if let Ok(cache) = crate::code::open_cache(&self.shared.cfg) {
-            // Pinned once it runs: a failed or superseded deploy leaves the
-            // running version's pins as they were.
-            let pinned =
-                if func.deps.entries.is_empty() { cache.unpin(name) } else { cache.pin(name, &func.deps.entries) };
+        // Pinned once it runs: a failed or superseded deploy leaves the
+        // running version's pins as they were. The cache is opened only if
+        // there is something to pin or unpin.
+        let had_deps = self.shared.function(name).is_some_and(|old| !old.deps.entries.is_empty());
+        if had_deps || !func.deps.entries.is_empty() {
+            let pinned = crate::code::open_cache(&self.shared.cfg).map_err(|e| e.to_string()).and_then(|cache| {
+                if func.deps.entries.is_empty() { cache.unpin(name) } else { cache.pin(name, &func.deps.entries) }
+                    .map_err(|e| e.to_string())
+            });
             if let Err(e) = pinned {
                 self.retire(func, "deploy failed", None);
                 return Err(Refusal::new(RefusalKind::Internal, format!("pinning dependencies: {e} (deploy again)")));
@@ -318,11 +358,13 @@ impl Supervisor {
     }
 
     fn unregister(&mut self, name: &str) -> Result<Reply, Refusal> {
-        // Cancels its deploys under way: they are no longer the newest.
-        let deploying =
-            self.building.values().any(|(n, _)| n == name) || self.starting.iter().any(|st| st.func.spec.name == name);
-        self.next_deploy += 1;
-        self.deploys.insert(name.to_string(), self.next_deploy);
+        // Its deploys under way are no longer the newest: each fails as
+        // superseded when its build ends (the build is not cut short).
+        let deploying = self.deploying(name);
+        if deploying {
+            self.next_deploy += 1;
+            self.deploys.insert(name.to_string(), self.next_deploy);
+        }
         let old = self.shared.functions.write().unwrap_or_else(|p| p.into_inner()).remove(name);
         match old {
             Some(f) => {
@@ -646,12 +688,8 @@ fn superseded(name: &str) -> Refusal {
 /// A deploy's slow part, on its own thread: the source unpacked, its
 /// dependencies installed and its code compiled, within the engine's build
 /// timeout for the whole deploy.
-fn build(shared: &Shared, spec: FunctionSpec, archive: &[u8], seq: u64) -> Built {
+fn build(shared: &Shared, spec: FunctionSpec, archive: &[u8], seq: u64, generation: u128, code_dir: PathBuf) -> Built {
     let cfg = &shared.cfg;
-    let generation = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
-    // Two deploys in one microsecond would share a directory.
-    let generation = generation * 1000 + u128::from(seq % 1000);
-    let code_dir = cfg.state_dir.join("functions").join(&spec.name).join(format!("{generation}"));
     let deadline = cfg.containers.as_ref().map(|cc| Instant::now() + cc.build.timeout);
     let deps = api::archive::unpack(archive, &code_dir, &api::archive::Limits::DEFAULT)
         .map_err(|e| Refusal::new(RefusalKind::InvalidSpec, format!("unpacking the source: {e}")))
@@ -669,9 +707,29 @@ fn build(shared: &Shared, spec: FunctionSpec, archive: &[u8], seq: u64) -> Built
         }
     }
     if deps.is_err() {
-        let _ = fs::remove_dir_all(&code_dir);
+        remove_code_dir(&code_dir);
     }
-    Built { seq, spec, generation, code_dir, deps }
+    Built { seq, name: spec.name.clone(), spec: Some(spec), generation, code_dir, deps }
+}
+
+/// A deploy's generation: its time, made unique by its sequence number
+/// (two deploys in one microsecond would share a directory).
+fn deploy_generation(seq: u64) -> u128 {
+    let us = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+    us * 1000 + u128::from(seq % 1000)
+}
+
+fn code_dir_of(shared: &Shared, name: &str, generation: u128) -> PathBuf {
+    shared.cfg.state_dir.join("functions").join(name).join(format!("{generation}"))
+}
+
+/// Removes a deploy's code, and the function's directory if nothing else
+/// of it is left.
+fn remove_code_dir(dir: &std::path::Path) {
+    let _ = fs::remove_dir_all(dir);
+    if let Some(parent) = dir.parent() {
+        let _ = fs::remove_dir(parent);
+    }
 }
 
 /// The last lines of a function's log, to explain why it failed.

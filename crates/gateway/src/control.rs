@@ -104,7 +104,10 @@ impl ControlClient {
 
     pub async fn request_with(&self, req: Request, attachment: Vec<u8>) -> Result<Reply, ControlError> {
         let (tx, rx) = oneshot::channel();
-        if matches!(req, Request::Register { .. }) {
+        // While the engine is being restored, a registration waits behind
+        // the restore on the control thread: sent beside it, it could reach
+        // the engine before the restore's older version of the same name.
+        if matches!(req, Request::Register { .. }) && self.restored() {
             let (addr, secret) = (self.addr, self.secret.clone());
             std::thread::Builder::new()
                 .name("gateway-deploy".into())
@@ -213,10 +216,16 @@ fn restore(c: &mut TcpStream, store: &Store) -> Result<(), ControlError> {
         other => return Err(ControlError::Broken(format!("a status request was answered {other:?}"))),
     };
     let specs = store.list().map_err(|e| ControlError::Refused(Refusal::new(RefusalKind::Internal, e.to_string())))?;
-    for spec in specs {
-        if have.contains(&spec.name) {
+    for listed in specs {
+        if have.contains(&listed.name) {
             continue;
         }
+        // Deployed again or removed since the list was read: the store now.
+        let spec = match store.get(&listed.name) {
+            Ok(Some(spec)) => spec,
+            Ok(None) => continue,
+            Err(e) => return Err(ControlError::Refused(Refusal::new(RefusalKind::Internal, e.to_string()))),
+        };
         let archive = match store.source(&spec.source) {
             Ok(a) => a,
             Err(e) => {
@@ -225,7 +234,19 @@ fn restore(c: &mut TcpStream, store: &Store) -> Result<(), ControlError> {
             }
         };
         let name = spec.name.clone();
-        match roundtrip(c, &Request::Register { spec }, &archive) {
+        let req = Request::Register { spec };
+        // A busy engine (building as many deploys as it may) is asked again.
+        let mut answer = roundtrip(c, &req, &archive);
+        for _ in 0..RESTORE_BUSY_RETRIES {
+            match &answer {
+                Err(ControlError::Refused(r)) if r.kind == RefusalKind::Busy => {
+                    std::thread::sleep(Duration::from_millis(500));
+                    answer = roundtrip(c, &req, &archive);
+                }
+                _ => break,
+            }
+        }
+        match answer {
             Ok(_) => log::info!("restored function {name}"),
             Err(e @ ControlError::Broken(_)) => return Err(e),
             Err(e) => log::error!("restoring function {name}: {e}"),
@@ -233,6 +254,9 @@ fn restore(c: &mut TcpStream, store: &Store) -> Result<(), ControlError> {
     }
     Ok(())
 }
+
+/// How often a restore asks a busy engine again, half a second apart.
+const RESTORE_BUSY_RETRIES: u32 = 120;
 
 /// One request and its answer (api::control). A broken connection is
 /// `Broken`: the caller drops it and connects again.

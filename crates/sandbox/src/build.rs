@@ -29,7 +29,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// A build's own tmpfs (and HOME): not /tmp, which stays free for binding
@@ -115,7 +115,7 @@ pub enum BuildError {
     #[error("the build sandbox failed: {0}")]
     Sandbox(#[from] Error),
     #[error(
-        "the build was stopped after {:.1} s: the deploy's builds together may take {} s (the engine's \
+        "the build was stopped {:.1} s into the deploy: its builds together may take {} s (the engine's \
          --build-timeout-s)",
         after.as_secs_f64(),
         limit.as_secs()
@@ -134,6 +134,8 @@ pub struct Builder {
     proxy: Proxy,
     cfg: BuildConfig,
     indexes: Mutex<BTreeSet<u32>>,
+    /// Signalled when a build gives its slot back.
+    freed: Condvar,
     _claim: crate::Claim,
 }
 
@@ -174,7 +176,8 @@ impl Builder {
         fs::create_dir_all(&settings.dir).map_err(Error::io(format!("creating {}", settings.dir.display())))?;
         let nets = netns::Networks::with_ports(&prefix, &[proxy.addr().port()])?;
         crate::pool::remove_leftovers(&settings, Some(&nets));
-        Ok(Builder { settings, nets, proxy, cfg, indexes: Mutex::new(BTreeSet::new()), _claim: claim })
+        let indexes = Mutex::new(BTreeSet::new());
+        Ok(Builder { settings, nets, proxy, cfg, indexes, freed: Condvar::new(), _claim: claim })
     }
 
     pub fn config(&self) -> &BuildConfig {
@@ -191,19 +194,41 @@ impl Builder {
         if job.argv.first().is_none_or(|a| !a.starts_with('/')) {
             return Err(Error::Config(format!("build command {:?} is not an absolute path", job.argv.first())).into());
         }
-        let index = self.take_index()?;
+        let stop_at = job.deadline.unwrap_or_else(|| Instant::now() + self.cfg.timeout);
+        // Past the deploy's deadline already: no step starts, the wait for
+        // a slot ends with it.
+        let Some(index) = (Instant::now() < stop_at).then(|| self.take_index(stop_at)).flatten() else {
+            return Err(BuildError::TimedOut {
+                after: self.deploy_elapsed(job),
+                limit: self.cfg.timeout,
+                log: Vec::new(),
+            });
+        };
         let result = self.run_at(index, job);
         self.indexes.lock().unwrap_or_else(|p| p.into_inner()).remove(&index);
+        self.freed.notify_one();
         result
     }
 
-    fn take_index(&self) -> Result<u32> {
+    /// How long the deploy `job` is part of has run: its deadline is the
+    /// build timeout from its start.
+    fn deploy_elapsed(&self, job: &Job) -> Duration {
+        let left = job.deadline.map_or(self.cfg.timeout, |d| d.saturating_duration_since(Instant::now()));
+        self.cfg.timeout.saturating_sub(left)
+    }
+
+    /// A free slot (a uid and a network index), waiting for one while all
+    /// [`BUILDS_MAX`] are taken; `None` if none frees before `stop_at`.
+    fn take_index(&self, stop_at: Instant) -> Option<u32> {
         let mut used = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
-        let free = (0..BUILDS_MAX)
-            .find(|i| !used.contains(i))
-            .ok_or(Error::Config(format!("too many builds at once (at most {BUILDS_MAX})")))?;
-        used.insert(free);
-        Ok(free)
+        loop {
+            if let Some(free) = (0..BUILDS_MAX).find(|i| !used.contains(i)) {
+                used.insert(free);
+                return Some(free);
+            }
+            let left = stop_at.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())?;
+            used = self.freed.wait_timeout(used, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
 
     fn run_at(&self, index: u32, job: &Job) -> Result<Finished, BuildError> {
@@ -301,7 +326,7 @@ impl Builder {
             }
             if Instant::now() >= stop_at {
                 c.kill_all();
-                let after = started.elapsed();
+                let after = if job.deadline.is_some() { self.deploy_elapsed(job) } else { started.elapsed() };
                 return Err(BuildError::TimedOut { after, limit: self.cfg.timeout, log: tail(log) });
             }
             std::thread::sleep(Duration::from_millis(10));

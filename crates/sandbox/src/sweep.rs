@@ -45,16 +45,10 @@ impl UidRange {
 
 /// Claims the first range of users no live engine holds.
 pub fn claim_uids() -> Result<UidRange> {
-    fs::create_dir_all(UIDS_DIR).map_err(Error::io(format!("creating {UIDS_DIR}")))?;
+    private_dir(Path::new(UIDS_DIR))?;
     for n in 0..UID_RANGES {
         let path = Path::new(UIDS_DIR).join(format!("{n}.lock"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(Error::io(format!("opening {}", path.display())))?;
+        let file = private_file(&path)?;
         // The file stays when released: unlinking a lock file races with
         // a process that has just opened it.
         if file.try_lock().is_ok() {
@@ -85,16 +79,10 @@ fn lock_path(prefix: &str) -> PathBuf {
 /// Sweeps what dead engines left, then claims `prefix` for this process.
 /// Fails if a live engine holds it.
 pub fn claim(prefix: &str) -> Result<Claim> {
-    fs::create_dir_all(ENGINES_DIR).map_err(Error::io(format!("creating {ENGINES_DIR}")))?;
+    private_dir(Path::new(ENGINES_DIR))?;
     sweep_dead_engines();
     let path = lock_path(prefix);
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(Error::io(format!("opening {}", path.display())))?;
+    let mut file = private_file(&path)?;
     match file.try_lock() {
         Ok(()) => {
             let _ = file.set_len(0);
@@ -107,6 +95,31 @@ pub fn claim(prefix: &str) -> Result<Claim> {
         }
         Err(fs::TryLockError::Error(e)) => Err(Error::Io { what: format!("locking {}", path.display()), error: e }),
     }
+}
+
+/// A directory of lock files only its owner (root) may open: another
+/// user holding a lock would stop engines from starting.
+fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(Error::io(format!("securing {}", dir.display())))
+}
+
+fn private_file(path: &Path) -> Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(Error::io(format!("opening {}", path.display())))?;
+    // One made by an older version may be wider.
+    file.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(Error::io(format!("securing {}", path.display())))?;
+    Ok(file)
 }
 
 /// Sweeps every prefix whose lock no live process holds.
