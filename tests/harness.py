@@ -51,6 +51,17 @@ def free_port():
     raise AssertionError("no free port below the ephemeral range")
 
 
+def stop_process(proc, sig=signal.SIGTERM):
+    """Sends `sig`, waits up to 10 s for the process to end, then kills it."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def clean_env(**extra):
     """The environment for staccato processes: none of the user's STACCATO_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
@@ -129,14 +140,8 @@ class Server:
         raise AssertionError(f"staccato up not healthy within {timeout}s:\n{self.log_tail()}")
 
     def stop(self, sig=signal.SIGTERM):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
         if self.proc:
+            stop_process(self.proc, sig)
             self._log.close()
         self.proc = None
 

@@ -8,7 +8,6 @@ directories and plain-process isolation (the network-namespace hosts of
 `netns::testbed` are for the cross-host tests).
 """
 import contextlib
-import os
 import secrets
 import shutil
 import signal
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness import (BIN, FUNCS, REPO, check_error, clean_env, free_port, ok_body, own_server, request,
-                     wait_for)
+                     stop_process, wait_for)
 
 TOKEN = "cluster-test-" + secrets.token_hex(8)
 ENGINE_TOKEN = "engine-secret-" + secrets.token_hex(8)
@@ -45,13 +44,7 @@ class EngineProc:
                                          env=clean_env(), cwd=REPO)
 
     def stop(self, sig=signal.SIGKILL):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, sig)
         shutil.rmtree(self.ipc, ignore_errors=True)
 
 
