@@ -214,17 +214,17 @@ impl Engines {
 
 /// A call counted in its engine's `in_flight` until it is answered or
 /// abandoned (the client went away: the future is dropped).
-pub struct InFlight(Arc<Engine>);
+pub struct InFlight<'a>(&'a Engine);
 
-impl InFlight {
-    pub fn new(e: &Arc<Engine>) -> InFlight {
+impl InFlight<'_> {
+    pub fn new(e: &Engine) -> InFlight<'_> {
         e.in_flight.fetch_add(1, Ordering::Relaxed);
         e.calls.fetch_add(1, Ordering::Relaxed);
-        InFlight(e.clone())
+        InFlight(e)
     }
 }
 
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }

@@ -139,9 +139,13 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                         Timing::default(),
                     ),
                     Some(l) => {
-                        let _counted = InFlight::new(&l.engine);
-                        served_by = Some(l.engine.clone());
-                        l.link.call(call_id, timeout_ms.unwrap_or(0), name, &body.to_bytes()).await
+                        // Counted until answered, or until the client goes away
+                        // (the future is dropped).
+                        let counted = InFlight::new(&l.engine);
+                        let reply = l.link.call(call_id, timeout_ms.unwrap_or(0), name, &body.to_bytes()).await;
+                        drop(counted);
+                        served_by = Some(l.engine);
+                        reply
                     }
                 };
                 match reply {

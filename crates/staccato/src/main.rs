@@ -285,13 +285,20 @@ fn invoke(c: &mut Gateway, name: &str, data: Option<&str>, timeout_ms: Option<u3
     Ok(())
 }
 
-fn engines(c: &mut Gateway, json: bool) -> Result<()> {
-    let r = c.request("GET", "/system/engines", b"").context("cannot reach the gateway (is it running?)")?;
+/// A management listing: printed as JSON (and `None`) with `json`, else
+/// returned for a table.
+fn listing(c: &mut Gateway, path: &str, json: bool) -> Result<Option<Value>> {
+    let r = c.request("GET", path, b"").context("cannot reach the gateway (is `staccato up` running?)")?;
     let v = check(&r)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
+        return Ok(None);
     }
+    Ok(Some(v))
+}
+
+fn engines(c: &mut Gateway, json: bool) -> Result<()> {
+    let Some(v) = listing(c, "/system/engines", json)? else { return Ok(()) };
     println!(
         "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>8}",
         "ID", "ADDRESS", "KIND", "STATE", "IN FLIGHT", "CALLS", "LEASE"
@@ -313,13 +320,7 @@ fn engines(c: &mut Gateway, json: bool) -> Result<()> {
 }
 
 fn ls(c: &mut Gateway, json: bool) -> Result<()> {
-    let r =
-        c.request("GET", "/system/functions", b"").context("cannot reach the gateway (is `staccato up` running?)")?;
-    let v = check(&r)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
+    let Some(v) = listing(c, "/system/functions", json)? else { return Ok(()) };
     println!(
         "{:<20} {:<8} {:<8} {:>6} {:>9} {:>5} {:>8} {:>7} {:>10} {:>7}",
         "NAME", "RUNTIME", "STATE", "POOL", "MIN/MAX", "TAU", "RUNNING", "QUEUED", "CALLS", "FAILED"
