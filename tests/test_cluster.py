@@ -1,7 +1,9 @@
 """Engines join gateways (issue 11): a gateway with no engine of its own,
 engines that join it at run time with `staccato engine --join`, calls
-balanced over them by fewest calls in flight, late joiners given every
-function, and engines that die or leave dropped from the table.
+balanced over them by fewest calls in flight, functions placed on some
+engines by label or count, internal calls sent through the gateway to the
+server their callee is on, late joiners given every function, and engines
+that die or leave dropped from the table.
 
 Everything runs on loopback here, each engine with its own state and IPC
 directories and plain-process isolation (the network-namespace hosts of
@@ -53,7 +55,7 @@ def cluster(root, engines=3):
     """A gateway with no engine of its own, and `engines` that join it."""
     root = Path(root)
     gport = free_port()
-    procs = [EngineProc(root, gport, f"engine{i}") for i in range(engines)]
+    procs = [EngineProc(root, gport, f"engine{i}", extra=["--label", f"host=engine{i}"]) for i in range(engines)]
     gw_argv = [str(BIN), "gateway", "--listen", f"127.0.0.1:{gport}", "--token", TOKEN, "--engine-token",
                ENGINE_TOKEN, "--state-dir", str(root / "gateway-state")]
     try:
@@ -166,6 +168,179 @@ def test_bad_joins_are_refused(gw):
     check_error(join(b'{"id": "x", "address": "10.0.0.1:7000"}', {"Authorization": auth["Authorization"]}), 415,
                 "unsupported_media_type", call_id=False)
     assert "x" not in [e["id"] for e in table(gw)]
+
+
+PLACED = """functions:
+  chain-a:
+    runtime: python
+    source: {py}
+    handler: chain:handle_a
+    placement: {{labels: {{host: engine0}}}}
+  chain-b:
+    runtime: python
+    source: {py}
+    handler: chain:handle_b
+    placement: {{labels: {{host: engine1}}}}
+  chain-c:
+    runtime: python
+    source: {py}
+    handler: chain:handle_c
+    placement: {{labels: {{host: engine2}}}}
+  pair:
+    runtime: python
+    source: {py}
+    handler: echo:handle
+    placement: {{engines: 2}}
+  ping:
+    runtime: python
+    source: {root}/placed
+    handler: pingpong:ping
+    max_workers: 64
+    placement: {{labels: {{host: engine0}}}}
+  pong:
+    runtime: python
+    source: {root}/placed
+    handler: pingpong:pong
+    max_workers: 64
+    placement: {{labels: {{host: engine1}}}}
+  hurried:
+    runtime: python
+    source: {root}/placed
+    handler: pingpong:hurried
+    timeout: 1s
+    placement: {{labels: {{host: engine0}}}}
+  dawdle:
+    runtime: python
+    source: {py}
+    handler: slow:handle
+    timeout: 20s
+    placement: {{labels: {{host: engine2}}}}
+"""
+
+PINGPONG = """
+import staccato
+
+
+async def _call(ctx, name, data):
+    try:
+        return await ctx.call(name, data)
+    except staccato.CallError as e:
+        if e.kind == "call_depth_exceeded":
+            return e.kind.encode()
+        raise
+
+
+async def ping(ctx, data):
+    return b"ping," + await _call(ctx, "pong", data)
+
+
+async def pong(ctx, data):
+    return b"pong," + await _call(ctx, "ping", data)
+
+
+async def hurried(ctx, data):
+    return await ctx.call("dawdle", data)
+"""
+
+
+@pytest.fixture(scope="module")
+def placed(gw):
+    (gw.root / "placed").mkdir(exist_ok=True)
+    (gw.root / "placed" / "pingpong.py").write_text(PINGPONG)
+    (gw.root / "placed.yml").write_text(PLACED.format(py=FUNCS / "py", root=gw.root))
+    out = gw.cli("deploy", str(gw.root / "placed.yml"), timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def ids(procs):
+    return [p.id for p in procs]
+
+
+def test_functions_run_only_where_they_are_placed(gw, placed):
+    e = ids(gw.engine_procs)
+    assert "chain-b (python) ... ok" in placed and f"on {e[1]}" in placed, placed
+    assert gw.function("chain-a")["engines"] == [e[0]]
+    assert gw.function("chain-b")["engines"] == [e[1]]
+    assert gw.function("chain-b")["placement"] == {"engines": 0, "labels": {"host": "engine1"}}
+    pair = gw.function("pair")["engines"]
+    assert len(pair) == 2 and set(pair) <= set(e), pair
+    # External calls go only where the function is.
+    with ThreadPoolExecutor(8) as ex:
+        seen = Counter(ex.map(lambda i: served_by(gw.invoke("chain-c", b"%d" % i)), range(40)))
+    assert seen == {e[2]: 40}, seen
+    with ThreadPoolExecutor(8) as ex:
+        seen = Counter(ex.map(lambda i: served_by(gw.invoke("pair", b"p")), range(40)))
+    assert set(seen) == set(pair), seen
+    # Placed on more engines than there are: on all of them, said so.
+    (gw.root / "many.yml").write_text(
+        f"functions:\n  many:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n"
+        "    placement: {engines: 5}\n")
+    out = gw.cli("deploy", str(gw.root / "many.yml"), timeout=120)
+    assert out.returncode == 0 and "placed on 3 of the 5 engines" in out.stdout, out.stdout + out.stderr
+    # Labels no engine has: refused, nothing deployed.
+    (gw.root / "nowhere.yml").write_text(
+        f"functions:\n  nowhere:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n"
+        "    placement: {labels: {gpu: h100}}\n")
+    out = gw.cli("deploy", str(gw.root / "nowhere.yml"), timeout=60)
+    assert out.returncode != 0 and "gpu=h100" in out.stdout + out.stderr, out.stdout + out.stderr
+    check_error(gw.get("/system/functions/nowhere"), 404, "not_found", call_id=False)
+
+
+def test_internal_calls_cross_servers_through_the_gateway_and_are_traced(gw, placed):
+    """chain-a on engine 0 calls chain-b on engine 1, which calls chain-c
+    on engine 2: each hop goes up the caller's engine link and down to
+    the callee's; both engines trace it under the caller's call id."""
+    e = ids(gw.engine_procs)
+    for i in range(20):
+        assert ok_body(gw.invoke("chain-a", b"%d" % i)) == b"a(b(c(%d)))" % i
+    traces = gw.get("/system/trace?limit=500").json()
+    by = {}
+    for t in traces:
+        by.setdefault((t["function"], t.get("hop", ""), t["engine"]), []).append(t)
+    assert len(by[("chain-a", "", e[0])]) >= 20, sorted(by)
+    for callee, caller_engine, callee_engine in (("chain-b", e[0], e[1]), ("chain-c", e[1], e[2])):
+        out = {t["call_id"]: t for t in by[(callee, "out", caller_engine)]}
+        came = {t["call_id"]: t for t in by[(callee, "in", callee_engine)]}
+        assert len(came) >= 20 and set(came) <= set(out), (callee, sorted(out), sorted(came))
+        for call_id, t in came.items():
+            assert t["parent_call_id"] == out[call_id]["parent_call_id"], (t, out[call_id])
+            assert out[call_id]["outcome"] == t["outcome"] == "ok", (t, out[call_id])
+    # The chain holds together across servers: c's caller is b as engine 1 knows it...
+    b_ids = {t["call_id"] for t in by[("chain-b", "in", e[1])]}
+    assert {t["parent_call_id"] for t in by[("chain-c", "out", e[1])]} <= b_ids
+    # ...and b's caller is a call of chain-a on engine 0.
+    a_ids = {t["call_id"] for t in by[("chain-a", "", e[0])]}
+    assert {t["parent_call_id"] for t in by[("chain-b", "in", e[1])]} <= a_ids
+    rows = {r["id"]: r for r in table(gw)}
+    assert rows[e[0]]["forwarded"] >= 20 and rows[e[1]]["forwarded"] >= 20, rows
+    assert rows[e[0]]["labels"] == {"host": "engine0"}, rows
+    out = gw.cli("trace", "chain-b", "--limit", "5")
+    assert out.returncode == 0 and f"{e[0]} ->" in out.stdout and f"-> {e[1]}" in out.stdout, out.stdout
+
+
+def test_a_call_to_another_server_keeps_its_deadline_and_depth(gw, placed):
+    """The caller's remaining deadline travels with the call: dawdle (20 s
+    timeout) called from hurried (1 s) is stopped by its own engine after
+    about 1 s. The chain's depth travels too: a cycle across two servers is
+    stopped at the depth limit."""
+    t0 = time.monotonic()
+    r = gw.invoke("hurried", b"5000", timeout=15)
+    took = time.monotonic() - t0
+    check_error(r, 504, "timeout")
+    assert took < 3, took
+    e = ids(gw.engine_procs)
+    assert wait_for(lambda: any(t.get("hop") == "in" and t["outcome"] == "timeout" and t["engine"] == e[2]
+                                for t in gw.get("/system/trace?function=dawdle").json()), timeout=5)
+    dawdled = [t for t in gw.get("/system/trace?function=dawdle").json() if t.get("hop") == "in"]
+    ran_ms = (dawdled[0]["complete_ns"] - dawdled[0]["receive_ns"]) / 1e6
+    assert 700 < ran_ms < 2500, dawdled[0]
+    # ping on engine 0 and pong on engine 1 call each other for ever: the
+    # chain is cut where a chain on one server would be (--max-call-depth 32).
+    t0 = time.monotonic()
+    out = ok_body(gw.invoke("ping", b"x", timeout=30)).decode()
+    assert out.endswith("call_depth_exceeded") and out.count(",") == 32, out
+    assert time.monotonic() - t0 < 10
 
 
 def test_an_engine_that_joins_late_gets_every_function_first(gw):

@@ -1,11 +1,14 @@
 //! The gateway–engine link as a peer that does not know the secret sees
-//! it: frame streams, the handshake, `Call` frames.
+//! it: frame streams, the handshake, `Call` and `Forward` frames.
 #![no_main]
 
 use api::auth::{Secret, HANDSHAKE_BODY_LEN_MAX};
 use libfuzzer_sys::fuzz_target;
 use std::io::{Cursor, Read, Write};
-use wire::frame::{call_parts, next_frame, FrameHeader, FrameKind, FRAME_BODY_LEN_MAX, FRAME_HEADER_LEN};
+use wire::frame::{
+    call_parts, forward_frame, forward_parts, next_frame, FrameHeader, FrameKind, FORWARD_PREFIX_LEN,
+    FRAME_BODY_LEN_MAX, FRAME_HEADER_LEN,
+};
 
 /// Reads come from the fuzzer's bytes; writes go nowhere.
 struct Peer(Cursor<Vec<u8>>);
@@ -38,6 +41,17 @@ fuzz_target!(|data: &[u8]| {
         if h.kind == FrameKind::Call {
             let (name, input) = call_parts(&h, body);
             assert_eq!(name.len() + input.len(), body.len());
+        }
+        if h.kind == FrameKind::Forward {
+            // Split within the body, or refused; a split one is written
+            // back to the same body.
+            if let Some(f) = forward_parts(&h, body) {
+                assert_eq!(FORWARD_PREFIX_LEN + f.name.len() + f.input.len(), body.len());
+                let again = forward_frame(h.call_id, h.call_timeout_ms(), h.forward_depth(), &f);
+                assert_eq!(&again[FRAME_HEADER_LEN..], body);
+            } else {
+                assert!(body.len() < FORWARD_PREFIX_LEN + h.call_name_len() as usize);
+            }
         }
         off += end;
     }

@@ -7,7 +7,8 @@ use api::archive::{check, unpack, Limits};
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 
-const LIMITS: Limits = Limits { archive_bytes_max: 1 << 20, unpacked_bytes_max: 4 << 20, entries_max: 500, depth_max: 8 };
+const LIMITS: Limits =
+    Limits { archive_bytes_max: 1 << 20, unpacked_bytes_max: 4 << 20, entries_max: 500, depth_max: 8 };
 
 /// Everything under `dir` is a plain file or directory inside it.
 fn contained(dir: &Path) {

@@ -25,10 +25,11 @@ use subtle::ConstantTimeEq;
 
 /// The link's protocol version. 1 was the unauthenticated link, 2 had
 /// untyped control replies, 3 had no `overloaded` error kind and no
-/// `max_queue` in a spec, 4 had no `superseded` and `busy` refusals; an
-/// engine refuses every other version with a message saying which it
+/// `max_queue` in a spec, 4 had no `superseded` and `busy` refusals, 5 no
+/// `Forward` frames (internal calls across servers) and no placement in a
+/// spec; an engine refuses every other version with a message saying which it
 /// speaks.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// The first bytes of a `Hello` body: tells a Staccato peer from a stray one.
 pub const HELLO_MAGIC: [u8; 4] = *b"STCO";

@@ -167,6 +167,11 @@ pub struct TraceRecord {
     pub dispatch_ns: u64,
     pub complete_ns: u64,
     pub outcome: String,
+    /// `out`: the callee was on another server and this engine sent the
+    /// call through a gateway; `in`: this engine ran a call sent from
+    /// another server; empty: a call that crossed no server.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hop: String,
 }
 
 /// The answer to a request, as it travels: written from references,

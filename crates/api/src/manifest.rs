@@ -17,6 +17,9 @@
 //!     pids: 64                 # container process limit
 //!     worker_mode: fork        # python: workers forked from the launcher
 //!     cpu_shares: 512          # a CPU group of its own with this weight
+//!     placement:               # default: every engine
+//!       engines: 2             # on two engines (0: all)
+//!       labels: { zone: a }    # that joined with --label zone=a
 //! ```
 //!
 //! Every error names the line it is about.
@@ -69,6 +72,8 @@ struct Entry {
     worker_mode: spec::WorkerMode,
     #[serde(default)]
     cpu_shares: Option<u32>,
+    #[serde(default)]
+    placement: spec::Placement,
 }
 
 /// One function of a manifest: its settings, and the directory on the
@@ -124,6 +129,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
             pids: e.pids,
             worker_mode: e.worker_mode,
             cpu_shares: e.cpu_shares,
+            placement: e.placement,
         };
         s.validate_settings().map_err(err)?;
         out.push(ManifestFunction { spec: s, source_dir });
@@ -180,6 +186,11 @@ mod tests {
         let y = "functions:\n  a:\n    runtime: c\n    memory: 64Mi\n    pids: 32\n";
         let specs: Vec<FunctionSpec> = parse(y, &base()).expect("valid").into_iter().map(|f| f.spec).collect();
         assert_eq!((specs[0].memory_bytes, specs[0].pids), (64 << 20, 32));
+        assert!(specs[0].placement.is_everywhere());
+        let y = "functions:\n  a:\n    runtime: c\n    placement:\n      engines: 2\n      labels: { zone: a }\n";
+        let specs: Vec<FunctionSpec> = parse(y, &base()).expect("valid").into_iter().map(|f| f.spec).collect();
+        assert_eq!(specs[0].placement.engines, 2);
+        assert_eq!(specs[0].placement.labels.get("zone").map(String::as_str), Some("a"));
     }
 
     #[test]
@@ -210,6 +221,13 @@ mod tests {
         let y = "functions:\n  a:\n    runtime: python\n    memory: 8Mi\n";
         let e = parse(y, &base()).unwrap_err();
         assert!(e.message.contains("16Mi"), "{e}");
+
+        let y = "functions:\n  a:\n    runtime: python\n    placement: { engines: 1, labels: { 'a b': c } }\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert!(e.message.contains("placement.labels") && e.line == 2, "{e}");
+        let y = "functions:\n  a:\n    runtime: python\n    placement: { hosts: 2 }\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert!(e.message.contains("hosts"), "{e}");
 
         let e = parse("functions: [", &base()).unwrap_err();
         assert!(e.line >= 1, "{e}");

@@ -77,6 +77,37 @@ pub struct FunctionSpec {
     /// How a Python launcher makes workers (see runtimes/python/README.md).
     #[serde(default)]
     pub worker_mode: WorkerMode,
+    /// Which engines run it (a gateway's concern; an engine runs what it
+    /// is given). Default: every engine.
+    #[serde(default, skip_serializing_if = "Placement::is_everywhere")]
+    pub placement: Placement,
+}
+
+/// Where a function runs, among the engines that joined a gateway.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Placement {
+    /// On this many engines; 0: on every engine (that has the labels).
+    #[serde(default)]
+    pub engines: u32,
+    /// Only on engines that joined with all of these labels (`staccato
+    /// engine --label KEY=VALUE`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Labels a function may ask for, at most.
+pub const PLACEMENT_LABELS_MAX: usize = 16;
+
+impl Placement {
+    pub fn is_everywhere(&self) -> bool {
+        self.engines == 0 && self.labels.is_empty()
+    }
+
+    /// Whether an engine with `labels` may run the function.
+    pub fn admits(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+    }
 }
 
 /// Python workers: coroutines in the launcher's process (`inline`: a new
@@ -121,6 +152,9 @@ pub fn default_min_workers() -> u32 {
 pub fn default_max_workers() -> u32 {
     16
 }
+/// The longest timeout a function may have: 15 minutes, as Lambda's.
+pub const TIMEOUT_MAX_MS: u64 = 15 * 60 * 1000;
+
 pub fn default_timeout_ms() -> u64 {
     30_000
 }
@@ -194,7 +228,7 @@ impl FunctionSpec {
                 format!("max_queue must be between 1 and {QUEUE_MAX}, got {}", self.max_queue),
             ));
         }
-        if self.timeout_ms == 0 || self.timeout_ms > 15 * 60 * 1000 {
+        if self.timeout_ms == 0 || self.timeout_ms > TIMEOUT_MAX_MS {
             return Err(SpecError::new(
                 "timeout",
                 format!("timeout must be between 1ms and 15m, got {}ms", self.timeout_ms),
@@ -293,6 +327,23 @@ impl FunctionSpec {
                 format!("memory must be at most 1Ti, got {} bytes", self.memory_bytes),
             ));
         }
+        let p = &self.placement;
+        if p.engines as usize > crate::cluster::ENGINES_MAX {
+            return Err(SpecError::new(
+                "placement",
+                format!("placement.engines must be at most {}, got {}", crate::cluster::ENGINES_MAX, p.engines),
+            ));
+        }
+        if p.labels.len() > PLACEMENT_LABELS_MAX {
+            return Err(SpecError::new(
+                "placement",
+                format!("placement.labels: at most {PLACEMENT_LABELS_MAX} labels, got {}", p.labels.len()),
+            ));
+        }
+        for (k, v) in &p.labels {
+            crate::cluster::check_label(k, v)
+                .map_err(|e| SpecError::new("placement", format!("placement.labels: {e}")))?;
+        }
         Ok(())
     }
 
@@ -357,6 +408,7 @@ mod tests {
             pids: default_pids(),
             worker_mode: WorkerMode::Inline,
             cpu_shares: None,
+            placement: Placement::default(),
         }
     }
 

@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 const SHARDS: usize = 16;
 
 /// The trace ring keeps about this many finished calls in all.
-const TRACE_RING_LEN: usize = 4096;
+pub(crate) const TRACE_RING_LEN: usize = 4096;
 
 thread_local! {
     /// Shards of `calls` this thread holds (debug builds only).

@@ -38,6 +38,10 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// the pool replace it.
 fn expire(shared: &Shared) {
     let now_us = sys::clock::unix_us();
+    for (call_id, o) in shared.remote.expire(now_us) {
+        let msg = format!("{} runs on another server, whose answer did not come in time", o.callee);
+        crate::remote::answer(shared, call_id, o, Outcome::Err(ErrorKind::Timeout, msg));
+    }
     let expired = shared.calls.select(|r| r.deadline_us <= now_us);
     for call_id in expired {
         let Some(rec) = shared.calls.remove(call_id) else { continue };

@@ -6,6 +6,7 @@
 //! the pipes are sized for far more messages than a worker has in flight);
 //! payload files live on tmpfs, so reading and writing them is a memory copy.
 
+use crate::remote::{self, OutCall};
 use crate::shared::{lock, CallRecord, Cmd, Function, GatewayReply, LauncherState, Origin, Outcome, Payload, Shared};
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
@@ -153,6 +154,7 @@ impl IoThread {
             return;
         }
         self.entries.insert(t, Entry::Conn(Conn { stream, rbuf: Vec::new(), wbuf: Vec::new(), wants_write: false }));
+        self.shared.remote.add_conn(self.idx, t);
     }
 
     fn adopt_channel(&mut self, func: Arc<Function>, worker_id: u32, rx: File) {
@@ -171,6 +173,17 @@ impl IoThread {
             Entry::Conn(c) => self.poll.registry().deregister(&mut SourceFd(&c.stream.as_raw_fd())),
             Entry::Chan(c) => self.poll.registry().deregister(&mut SourceFd(&c.rx.as_raw_fd())),
         };
+        if let Entry::Conn(_) = e {
+            // Calls sent to other servers on it: their answers cannot come.
+            for (call_id, o) in self.shared.remote.remove_conn(self.idx, t) {
+                let msg = format!(
+                    "{} runs on another server; the gateway connection its call went through closed before it was \
+                     answered",
+                    o.callee
+                );
+                remote::answer(&self.shared, call_id, o, Outcome::Err(ErrorKind::EngineUnavailable, msg));
+            }
+        }
         Some(e)
     }
 
@@ -455,6 +468,23 @@ impl IoThread {
         };
         let name = String::from_utf8_lossy(&inline[..name_len]).into_owned();
         let Some(callee) = self.shared.function(&name) else {
+            // Not on this server: through a gateway to one it runs on.
+            if self.shared.remote.connected() && wire::valid_function_name(&name) {
+                let out = OutCall {
+                    caller: caller.clone(),
+                    tx: tx.clone(),
+                    worker_id,
+                    parent_call_id: parent,
+                    callee: name.into(),
+                    give_up_us: 0,
+                    sent_ns: sys::clock::monotonic_ns(),
+                    conn: (0, Token(0)),
+                };
+                if let Err((kind, msg)) = self.forward(h, m, out) {
+                    reject(kind, msg);
+                }
+                return;
+            }
             return reject(ErrorKind::NotFound, format!("no function named {name:?}"));
         };
         let now_us = sys::clock::unix_us();
@@ -466,7 +496,7 @@ impl IoThread {
             return reject(ErrorKind::Timeout, "the caller's deadline has already passed".into());
         }
         let depth_max = self.shared.cfg.max_call_depth;
-        let (depth, held, duplicate) = self.shared.ancestry(h.call_id, parent, &callee, depth_max);
+        let (depth, held, duplicate) = self.shared.ancestry(h.call_id, parent, Some(&callee), depth_max);
         if depth >= depth_max {
             return reject(
                 ErrorKind::CallDepthExceeded,
@@ -510,6 +540,71 @@ impl IoThread {
         let mut rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, parent, deadline_us);
         rec.nested = held > 0;
         self.submit(h.call_id, rec);
+    }
+
+    /// Sends an internal call whose callee is not on this server up a
+    /// gateway connection (`remote`). An error is the caller's answer now.
+    fn forward(&mut self, h: &Header, m: &Message, mut out: OutCall) -> Result<(), (ErrorKind, String)> {
+        let name = out.callee.clone();
+        let now_us = sys::clock::unix_us();
+        // What is left of the caller's deadline travels (the servers'
+        // clocks may differ); 0 leaves the callee its own timeout.
+        let timeout_ms = if h.deadline_us == 0 {
+            0
+        } else if h.deadline_us <= now_us {
+            return Err((ErrorKind::Timeout, "the caller's deadline has already passed".into()));
+        } else {
+            u32::try_from((h.deadline_us - now_us).div_ceil(1000)).unwrap_or(u32::MAX)
+        };
+        out.give_up_us = if h.deadline_us == 0 { now_us + api::spec::TIMEOUT_MAX_MS * 1000 } else { h.deadline_us }
+            + remote::ANSWER_SLACK_US;
+        let depth_max = self.shared.cfg.max_call_depth;
+        let (depth, _, duplicate) = self.shared.ancestry(h.call_id, out.parent_call_id, None, depth_max);
+        if depth >= depth_max {
+            return Err((
+                ErrorKind::CallDepthExceeded,
+                format!(
+                    "calling {name} would make a chain of more than {depth_max} nested internal calls (runaway \
+                     recursion or a call cycle?); the engine's --max-call-depth sets the limit"
+                ),
+            ));
+        }
+        if duplicate {
+            return Err((ErrorKind::BadRequest, format!("call id {:016x} is already in flight", h.call_id)));
+        }
+        let max = self.shared.cfg.payload_len_max;
+        let name_len = usize::from(h.name_len);
+        let input = if h.in_shm() {
+            let len = h.payload_len as usize;
+            let file = shm_file_name(h.call_id, Kind::Invoke);
+            if len > max {
+                return Err((ErrorKind::PayloadTooLarge, format!("input of {len} bytes exceeds the {max}-byte limit")));
+            }
+            sys::payload::take(&out.caller.dir, &file, len)
+                .map_err(|e| (ErrorKind::BadRequest, format!("input payload file: {e}")))?
+        } else {
+            m.inline(h)[name_len..].to_vec()
+        };
+        // The parent as the callee's engine will show it: its caller's id
+        // for it if it too came from another server.
+        let f = wire::frame::Forward {
+            origin_call_id: h.call_id,
+            parent_call_id: self.shared.remote.shown_id(out.parent_call_id),
+            name: name.as_bytes(),
+            input: &input,
+        };
+        let frame = wire::frame::forward_frame(h.call_id, timeout_ms, depth, &f);
+        match self.shared.remote.start(self.idx, h.call_id, out) {
+            Ok((thread, conn)) if thread == self.idx => self.queue_write(conn, &frame),
+            Ok((thread, conn)) => self.shared.post(thread, Cmd::Reply { conn, frame }),
+            Err(_) => {
+                return Err((
+                    ErrorKind::EngineUnavailable,
+                    format!("{name} is not on this server, and no gateway is connected to reach the one it is on"),
+                ))
+            }
+        }
+        Ok(())
     }
 
     fn submit(&mut self, call_id: u64, rec: CallRecord) {
@@ -564,12 +659,6 @@ impl IoThread {
     }
 
     fn on_frame(&mut self, conn: Token, fh: FrameHeader, body: Vec<u8>) {
-        if fh.kind != FrameKind::Call {
-            log::warn!("unexpected {:?} frame on a data connection", fh.kind);
-            return;
-        }
-        let (name, input) = wire::frame::call_parts(&fh, &body);
-        let name = String::from_utf8_lossy(name).into_owned();
         let reject = |this: &mut Self, kind: ErrorKind, msg: String| {
             let mut h = FrameHeader::new(FrameKind::Error, fh.call_id, msg.len());
             h.error_kind = kind.code();
@@ -577,6 +666,25 @@ impl IoThread {
             frame.extend_from_slice(msg.as_bytes());
             this.queue_write(conn, &frame);
         };
+        let (name, input, parent, depth) = match fh.kind {
+            FrameKind::Call => {
+                let (name, input) = wire::frame::call_parts(&fh, &body);
+                (name, input, None, 0)
+            }
+            FrameKind::Forward => {
+                let Some(f) = wire::frame::forward_parts(&fh, &body) else {
+                    let msg = format!("a Forward frame of {} bytes cannot hold its ids and name", body.len());
+                    return reject(self, ErrorKind::BadRequest, msg);
+                };
+                (f.name, f.input, Some((f.origin_call_id, f.parent_call_id)), fh.forward_depth())
+            }
+            FrameKind::Result | FrameKind::Error => return self.on_answer(conn, fh, body),
+            kind => {
+                log::warn!("unexpected {kind:?} frame on a data connection");
+                return;
+            }
+        };
+        let name = String::from_utf8_lossy(name).into_owned();
         let Some(func) = self.shared.function(&name) else {
             return reject(self, ErrorKind::NotFound, format!("no function named {name:?}"));
         };
@@ -585,14 +693,59 @@ impl IoThread {
             let msg = format!("input of {} bytes exceeds the {max}-byte limit", input.len());
             return reject(self, ErrorKind::PayloadTooLarge, msg);
         }
+        let depth_max = self.shared.cfg.max_call_depth;
+        if depth >= depth_max {
+            let msg = format!(
+                "calling {name} would make a chain of more than {depth_max} nested internal calls across servers \
+                 (runaway recursion or a call cycle?); the engine's --max-call-depth sets the limit"
+            );
+            return reject(self, ErrorKind::CallDepthExceeded, msg);
+        }
         let mut timeout_ms = func.spec.timeout_ms;
         if fh.call_timeout_ms() > 0 {
             timeout_ms = timeout_ms.min(u64::from(fh.call_timeout_ms()));
         }
         let deadline_us = sys::clock::unix_us() + timeout_ms * 1000;
         let origin = Origin::Gateway { thread: self.idx, conn };
-        let rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us);
+        let mut rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us);
+        if let Some((origin_id, parent)) = parent {
+            // Shown under its caller's ids; its chain here starts with it,
+            // counting the calls above it on the caller's side.
+            // Below --max-call-depth (at most 1024), checked above.
+            rec.depth_above = u16::try_from(depth.max(1)).unwrap_or(u16::MAX);
+            // Its callers hold workers on other servers, perhaps of this
+            // very function (a cycle across servers): held back by τ it
+            // could wait for ever, so it goes first and beyond τ, as a
+            // nested call here does (scheduler module doc).
+            rec.nested = true;
+            self.shared.remote.came_in(fh.call_id, origin_id, parent);
+        }
         self.submit(fh.call_id, rec);
+    }
+
+    /// The answer to an internal call this engine sent to another server.
+    fn on_answer(&mut self, conn: Token, fh: FrameHeader, body: Vec<u8>) {
+        let Some(o) = self.shared.remote.finish(fh.call_id, (self.idx, conn)) else {
+            // Answered here already (timed out, or its connection closed).
+            return;
+        };
+        let t = wire::frame::Timing::from_header(&fh);
+        // Its wait in the callee's queue is not the caller's processing
+        // time (Nightcore §4.1), wherever the callee ran.
+        self.shared.calls.with(o.parent_call_id, |p| p.sub_queue_ns += u64::from(t.queue_us) * 1000);
+        let outcome = if fh.kind == FrameKind::Result {
+            let max = self.shared.cfg.payload_len_max;
+            if body.len() > max {
+                let msg = format!("output of {} bytes exceeds the {max}-byte limit", body.len());
+                Outcome::Err(ErrorKind::OutputTooLarge, msg)
+            } else {
+                Outcome::Ok(Payload::Bytes(body))
+            }
+        } else {
+            let kind = ErrorKind::from_code(fh.error_kind).unwrap_or(ErrorKind::Internal);
+            Outcome::Err(kind, String::from_utf8_lossy(&body).into_owned())
+        };
+        remote::answer(&self.shared, fh.call_id, o, outcome);
     }
 
     fn send_replies(&mut self, replies: Vec<GatewayReply>) {
@@ -662,6 +815,7 @@ fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, 
         sub_queue_ns: 0,
         cold: false,
         nested: false,
+        depth_above: 0,
         recv_unix_us: sys::clock::unix_us(),
     }
 }

@@ -13,6 +13,7 @@ pub mod concurrency;
 pub mod config;
 mod error;
 mod io_thread;
+mod remote;
 pub mod scheduler;
 mod shared;
 pub use api::spec;
@@ -94,6 +95,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         memory_total_bytes: memory_total_bytes(),
         builds,
         logs,
+        remote: remote::Remote::default(),
     });
     shared.builds.prepare_go(&shared.cfg);
     for (i, poll) in polls.into_iter().enumerate() {
@@ -184,7 +186,7 @@ fn serve_control(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
             Ok(None) => return Ok(()),
             Ok(Some(Ok((req, attachment)))) => {
                 let (tx, rx) = mpsc::channel();
-                let _ = shared::lock(&shared.supervisor).send(SupervisorCmd::Control(req, attachment, tx));
+                let _ = shared::lock(&shared.supervisor).send(SupervisorCmd::Control(Box::new(req), attachment, tx));
                 rx.recv().unwrap_or_else(|_| Err(Refusal::new(RefusalKind::ShuttingDown, "engine is shutting down")))
             }
             Ok(Some(Err(refusal))) => Err(refusal),

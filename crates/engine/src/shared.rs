@@ -167,6 +167,10 @@ pub(crate) struct CallRecord {
     /// Its callers hold workers of its function: it is dispatched first and
     /// beyond τ (scheduler module doc).
     pub nested: bool,
+    /// Came in from another server (`remote`): how many calls are above it
+    /// there (at most `--max-call-depth`, 1024). Its `parent_call_id` here
+    /// is 0, the root of a chain here.
+    pub depth_above: u16,
 }
 
 /// A finished call's timeline, kept in a ring for `staccato trace`. Raw
@@ -175,12 +179,39 @@ pub(crate) struct CallRecord {
 pub(crate) struct TraceRecord {
     pub call_id: u64,
     pub parent_call_id: u64,
-    pub function: Arc<Function>,
+    pub function: TracedFn,
     pub worker_id: u32,
     pub receive_ns: u64,
     pub dispatch_ns: u64,
     pub complete_ns: u64,
     pub outcome: &'static str,
+    pub hop: Hop,
+}
+
+/// The function a traced call ran: here, or on another server.
+#[derive(Clone)]
+pub(crate) enum TracedFn {
+    Here(Arc<Function>),
+    Elsewhere(Arc<str>),
+}
+
+impl TracedFn {
+    pub fn name(&self) -> &str {
+        match self {
+            TracedFn::Here(f) => &f.spec.name,
+            TracedFn::Elsewhere(n) => n,
+        }
+    }
+}
+
+/// Whether a traced call crossed servers (`remote`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hop {
+    Local,
+    /// This engine sent it through a gateway to another server.
+    Out,
+    /// Another server's engine sent it here through a gateway.
+    In,
 }
 
 /// Sent to an I/O thread's mailbox; the thread is woken through eventfd.
@@ -199,7 +230,7 @@ pub(crate) struct Mailbox {
 pub(crate) enum SupervisorCmd {
     StartLauncher(Arc<Function>),
     /// A control request, the bytes attached to it, and where the answer goes.
-    Control(api::control::Request, Vec<u8>, Sender<Result<api::control::Reply, api::control::Refusal>>),
+    Control(Box<api::control::Request>, Vec<u8>, Sender<Result<api::control::Reply, api::control::Refusal>>),
     /// A deploy's build finished on its own thread.
     Built(Box<crate::supervisor::Built>),
 }
@@ -222,6 +253,8 @@ pub(crate) struct Shared {
     pub builds: Arc<crate::build::Builds>,
     /// Drains the functions' output into capped logs.
     pub logs: sandbox::logs::Logs,
+    /// Internal calls to and from other servers.
+    pub remote: crate::remote::Remote,
 }
 
 /// Locks a mutex, carrying on if a thread panicked while holding it: every
@@ -320,17 +353,28 @@ impl Shared {
     /// counted up to the external call), how many of those callers are calls
     /// of `callee`, each holding one of its workers while it waits, and
     /// whether `call_id` is already in flight.
-    pub fn ancestry(&self, call_id: u64, parent: u64, callee: &Arc<Function>, depth_max: u32) -> (u32, u32, bool) {
+    pub fn ancestry(
+        &self,
+        call_id: u64,
+        parent: u64,
+        callee: Option<&Arc<Function>>,
+        depth_max: u32,
+    ) -> (u32, u32, bool) {
         let duplicate = self.calls.contains(call_id);
         let (mut depth, mut held, mut id) = (0u32, 0u32, parent);
         // Bounded: a chain longer than depth_max is refused anyway. One
         // shard at a time: an ancestor that finishes meanwhile ends the
         // walk early, which only under-counts a chain that is unwinding.
         while id != 0 && depth <= depth_max {
-            let Some((parent, mine)) = self.calls.with(id, |r| (r.parent_call_id, Arc::ptr_eq(&r.func, callee))) else {
+            let Some((parent, mine, above)) = self
+                .calls
+                .with(id, |r| (r.parent_call_id, callee.is_some_and(|c| Arc::ptr_eq(&r.func, c)), r.depth_above))
+            else {
                 break;
             };
-            depth += 1;
+            // A call that came from another server counts the calls above
+            // it there (its parent here is 0: the walk ends with it).
+            depth = depth.saturating_add(1 + u32::from(above));
             held += u32::from(mine);
             id = parent;
         }
@@ -622,12 +666,13 @@ impl Shared {
         let t = TraceRecord {
             call_id,
             parent_call_id: rec.parent_call_id,
-            function: rec.func.clone(),
+            function: TracedFn::Here(rec.func.clone()),
             worker_id,
             receive_ns: rec.recv_ns,
             dispatch_ns: rec.dispatch_ns,
             complete_ns: sys::clock::monotonic_ns(),
             outcome,
+            hop: if rec.depth_above > 0 { Hop::In } else { Hop::Local },
         };
         self.traces.push(t);
     }
@@ -741,16 +786,24 @@ impl Shared {
 }
 
 impl TraceRecord {
-    pub fn to_api(&self) -> api::control::TraceRecord {
+    /// As `staccato trace` shows it: a call that came from another server
+    /// under the ids its caller's engine knows (`remote::ShownIds`).
+    pub fn to_api(&self, shown: &crate::remote::ShownIds) -> api::control::TraceRecord {
+        let (call_id, parent_call_id) = shown.ids(self.call_id, self.parent_call_id);
         api::control::TraceRecord {
-            call_id: format!("{:016x}", self.call_id),
-            parent_call_id: format!("{:016x}", self.parent_call_id),
-            function: self.function.spec.name.clone(),
+            call_id: format!("{call_id:016x}"),
+            parent_call_id: format!("{parent_call_id:016x}"),
+            function: self.function.name().to_string(),
             worker_id: self.worker_id,
             receive_ns: self.receive_ns,
             dispatch_ns: self.dispatch_ns,
             complete_ns: self.complete_ns,
             outcome: self.outcome.to_string(),
+            hop: match self.hop {
+                Hop::Local => String::new(),
+                Hop::Out => "out".into(),
+                Hop::In => "in".into(),
+            },
         }
     }
 }
@@ -831,7 +884,7 @@ fn gateway_frame(call_id: u64, outcome: Outcome, timing: Timing, from_dir: Optio
 
 /// Builds the `Completion`/`Failure` message answering a worker's `Invoke`,
 /// moving an shm output into the caller's directory.
-fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_dir: &Path) -> Message {
+pub(crate) fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_dir: &Path) -> Message {
     let name = shm_file_name(call_id, Kind::Completion);
     let (mut h, inline): (Header, Vec<u8>) = match outcome {
         Outcome::Ok(Payload::Bytes(b)) if b.len() <= INLINE_LEN_MAX => {

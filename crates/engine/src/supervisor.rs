@@ -50,12 +50,12 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
         let wait = if sup.starting.is_empty() { Duration::from_millis(200) } else { Duration::from_millis(2) };
         match rx.recv_timeout(wait) {
             Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
-            Ok(SupervisorCmd::Control(Request::Register { spec }, attachment, reply)) => {
-                sup.begin_deploy(spec, attachment, reply)
-            }
-            Ok(SupervisorCmd::Control(req, _, reply)) => {
-                let _ = reply.send(sup.control(req));
-            }
+            Ok(SupervisorCmd::Control(req, attachment, reply)) => match *req {
+                Request::Register { spec } => sup.begin_deploy(spec, attachment, reply),
+                req => {
+                    let _ = reply.send(sup.control(req));
+                }
+            },
             Ok(SupervisorCmd::Built(b)) => sup.built(*b),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
@@ -673,8 +673,9 @@ impl Supervisor {
     fn trace(&self, function: Option<&str>, limit: usize) -> Reply {
         // Copied under each shard's lock, formatted outside them: completing
         // calls on the I/O threads take these locks.
-        let picked = self.shared.traces.recent(limit, |t| function.is_none_or(|f| t.function.spec.name == f));
-        Reply::Traces { traces: picked.iter().map(|t| t.to_api()).collect() }
+        let picked = self.shared.traces.recent(limit, |t| function.is_none_or(|f| t.function.name() == f));
+        let shown = self.shared.remote.shown();
+        Reply::Traces { traces: picked.iter().map(|t| t.to_api(&shown)).collect() }
     }
 }
 

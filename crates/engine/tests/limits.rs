@@ -77,6 +77,7 @@ fn register(f: &Fixture, name: &str, max_queue: u32) {
         pids: api::spec::default_pids(),
         worker_mode: Default::default(),
         cpu_shares: None,
+        placement: Default::default(),
     };
     let mut c = connect(f, Role::Control);
     api::control::write_request(&mut c, &Request::Register { spec }, &archive).expect("send register");

@@ -11,8 +11,10 @@
 //! only then does it take the lock (see `ThreadState::pick`).
 
 use crate::control::ControlClient;
+use crate::placement::Placements;
 use crate::store::Store;
 use api::cluster::{EngineRow, Join};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -21,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// How long a joined engine stays in the table without renewing.
 pub const LEASE: Duration = Duration::from_millis(api::cluster::LEASE_MS);
 /// Engines in one table, at most.
-pub const ENGINES_MAX: usize = 256;
+pub const ENGINES_MAX: usize = api::cluster::ENGINES_MAX;
 
 pub struct Engine {
     pub id: String,
@@ -31,6 +33,9 @@ pub struct Engine {
     pub in_flight: AtomicU64,
     /// Calls this gateway has sent it, ever.
     pub calls: AtomicU64,
+    /// Internal calls it sent here for another engine to run, ever.
+    pub forwarded: AtomicU64,
+    pub labels: BTreeMap<String, String>,
     /// When its lease ends; `None`: static, it never does.
     lease_until: Mutex<Option<Instant>>,
     pub joined_unix_ms: u64,
@@ -69,10 +74,8 @@ impl Engine {
 /// Why a join was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
-    #[error("engine id {0:?}: use 1-64 of A-Z a-z 0-9 . _ : -")]
-    BadId(String),
-    #[error("engine address {0}: not an address a gateway can dial (unspecified, multicast or port 0)")]
-    BadAddress(SocketAddr),
+    #[error("{0}")]
+    Invalid(String),
     #[error("engine {0:?} is named on the gateway's command line; a joining engine needs an id of its own")]
     Static(String),
     #[error("the table holds {ENGINES_MAX} engines, its limit")]
@@ -83,12 +86,13 @@ pub struct Engines {
     list: RwLock<Arc<Vec<Arc<Engine>>>>,
     version: AtomicU64,
     store: Arc<Store>,
+    placements: Arc<Placements>,
     secret: api::auth::Secret,
 }
 
 impl Engines {
-    pub fn new(store: Arc<Store>, secret: api::auth::Secret) -> Engines {
-        Engines { list: RwLock::new(Arc::new(Vec::new())), version: AtomicU64::new(1), store, secret }
+    pub fn new(store: Arc<Store>, placements: Arc<Placements>, secret: api::auth::Secret) -> Engines {
+        Engines { list: RwLock::new(Arc::new(Vec::new())), version: AtomicU64::new(1), store, placements, secret }
     }
 
     /// Bumped at every change of membership.
@@ -100,14 +104,28 @@ impl Engines {
         self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn make(&self, id: String, addr: SocketAddr, lease_until: Option<Instant>) -> Arc<Engine> {
+    /// A new entry. Functions placed on too few engines take it first, so
+    /// its restore gives it them.
+    fn make(
+        &self,
+        id: String,
+        addr: SocketAddr,
+        labels: BTreeMap<String, String>,
+        lease_until: Option<Instant>,
+        present: &[&str],
+    ) -> Arc<Engine> {
+        self.placements.claim(&id, &labels, present);
         let joined_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let (placements, me, my_labels) = (self.placements.clone(), id.clone(), labels.clone());
+        let placed_here = Box::new(move |name: &str| placements.serves(name, &me, &my_labels));
         Arc::new(Engine {
-            control: ControlClient::start(addr, self.secret.clone(), self.store.clone()),
+            control: ControlClient::start(addr, self.secret.clone(), self.store.clone(), placed_here),
             id,
             addr,
             in_flight: AtomicU64::new(0),
             calls: AtomicU64::new(0),
+            forwarded: AtomicU64::new(0),
+            labels,
             lease_until: Mutex::new(lease_until),
             joined_unix_ms,
         })
@@ -115,25 +133,21 @@ impl Engines {
 
     /// An engine named on the command line.
     pub fn add_static(&self, addr: SocketAddr) {
-        let e = self.make(addr.to_string(), addr, None);
+        let present: Vec<String> = self.snapshot().iter().map(|e| e.id.clone()).collect();
+        let present: Vec<&str> = present.iter().map(String::as_str).collect();
+        let e = self.make(addr.to_string(), addr, BTreeMap::new(), None, &present);
         self.change(|l| l.push(e));
     }
 
     /// Adds an engine, or renews its lease; returns whether it is new. An
-    /// engine that comes back under its id at another address (restarted
-    /// elsewhere) replaces its old entry.
+    /// engine that comes back under its id at another address or with
+    /// other labels (restarted) replaces its old entry.
     pub fn join(&self, j: &Join) -> Result<bool, JoinError> {
-        if !api::cluster::valid_engine_id(&j.id) {
-            return Err(JoinError::BadId(j.id.clone()));
-        }
-        let ip = j.address.ip();
-        if ip.is_unspecified() || ip.is_multicast() || j.address.port() == 0 {
-            return Err(JoinError::BadAddress(j.address));
-        }
+        j.check().map_err(JoinError::Invalid)?;
         let now = Instant::now();
         let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
         match list.iter().find(|e| e.id == j.id) {
-            Some(e) if e.addr == j.address => {
+            Some(e) if e.addr == j.address && e.labels == j.labels => {
                 e.renew(now);
                 return Ok(false);
             }
@@ -142,7 +156,8 @@ impl Engines {
             None if list.len() >= ENGINES_MAX => return Err(JoinError::Full),
             None => {}
         }
-        let e = self.make(j.id.clone(), j.address, Some(now + LEASE));
+        let present: Vec<&str> = list.iter().filter(|e| e.id != j.id).map(|e| e.id.as_str()).collect();
+        let e = self.make(j.id.clone(), j.address, j.labels.clone(), Some(now + LEASE), &present);
         let mut next: Vec<Arc<Engine>> = list.iter().filter(|x| x.id != j.id).cloned().collect();
         next.push(e);
         *list = Arc::new(next);
@@ -170,6 +185,8 @@ impl Engines {
                 calls: e.calls.load(Ordering::Relaxed),
                 lease_left_ms: e.lease_left_ms(),
                 joined_unix_ms: e.joined_unix_ms,
+                labels: e.labels.clone(),
+                forwarded: e.forwarded.load(Ordering::Relaxed),
             })
             .collect()
     }

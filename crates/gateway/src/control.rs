@@ -18,6 +18,9 @@ use tokio::sync::oneshot;
 /// the same one.
 const HEARTBEAT: Duration = Duration::from_millis(200);
 
+/// Whether a function (by name) is placed on this client's engine.
+pub type PlacedHere = Box<dyn Fn(&str) -> bool + Send>;
+
 /// A request, its attachment (a registration's source archive), and where
 /// the answer goes.
 type Job = (Request, Vec<u8>, oneshot::Sender<Result<Reply, ControlError>>);
@@ -74,9 +77,14 @@ pub struct ControlClient {
 
 impl ControlClient {
     /// Starts the control thread. On every (re)connection it re-registers
-    /// the stored functions the engine does not have: an engine that
-    /// restarted comes back with everything deployed.
-    pub fn start(addr: SocketAddr, secret: api::auth::Secret, store: Arc<Store>) -> ControlClient {
+    /// the stored functions placed on the engine that it does not have: an
+    /// engine that restarted comes back with everything deployed.
+    pub fn start(
+        addr: SocketAddr,
+        secret: api::auth::Secret,
+        store: Arc<Store>,
+        placed_here: PlacedHere,
+    ) -> ControlClient {
         let (tx, rx) = mpsc::channel::<Job>();
         let restored = Arc::new(AtomicBool::new(false));
         let connected = Arc::new(AtomicBool::new(false));
@@ -84,7 +92,7 @@ impl ControlClient {
         let s = secret.clone();
         std::thread::Builder::new()
             .name("gateway-control".into())
-            .spawn(move || control_thread(addr, s, store, rx, flags))
+            .spawn(move || control_thread(addr, s, (store, placed_here), rx, flags))
             .expect("spawning the control thread");
         ControlClient { tx, addr, secret, restored, connected }
     }
@@ -135,7 +143,7 @@ struct Flags {
 fn control_thread(
     addr: SocketAddr,
     secret: api::auth::Secret,
-    store: Arc<Store>,
+    (store, placed_here): (Arc<Store>, PlacedHere),
     rx: mpsc::Receiver<Job>,
     flags: Flags,
 ) {
@@ -161,7 +169,7 @@ fn control_thread(
             if let Some(c) = conn.as_mut() {
                 connected.store(true, Ordering::Release);
                 last_error.clear();
-                match restore(c, &store) {
+                match restore(c, &store, &placed_here) {
                     Ok(()) => restored.store(true, Ordering::Release),
                     Err(e) => {
                         log::error!("restoring functions: {e}");
@@ -210,14 +218,14 @@ fn connect(addr: SocketAddr, secret: &api::auth::Secret) -> Result<TcpStream, ap
     Ok(s)
 }
 
-fn restore(c: &mut TcpStream, store: &Store) -> Result<(), ControlError> {
+fn restore(c: &mut TcpStream, store: &Store, placed_here: &PlacedHere) -> Result<(), ControlError> {
     let have: Vec<String> = match roundtrip(c, &Request::Status, &[])? {
         Reply::Status { functions } => functions.into_iter().map(|f| f.name).collect(),
         other => return Err(ControlError::Broken(format!("a status request was answered {other:?}"))),
     };
     let specs = store.list().map_err(|e| ControlError::Refused(Refusal::new(RefusalKind::Internal, e.to_string())))?;
     for listed in specs {
-        if have.contains(&listed.name) {
+        if have.contains(&listed.name) || !placed_here(&listed.name) {
             continue;
         }
         // Deployed again or removed since the list was read: the store now.

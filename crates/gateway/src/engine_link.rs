@@ -3,6 +3,10 @@
 //! matched by call id. Single-threaded (lives on its gateway thread's
 //! current-thread runtime), so callers write straight into the socket with
 //! no task hop on the fast path.
+//!
+//! The other way, the engine sends `Forward` frames: internal calls whose
+//! callee is on another server. They go to the thread's [`ForwardTx`], and
+//! their answers come back down this link ([`EngineLink::answer`]).
 
 use bytes::Bytes;
 use std::cell::{Cell, RefCell};
@@ -20,6 +24,21 @@ pub enum Reply {
     Err(ErrorKind, String, Timing),
 }
 
+/// A `Forward` frame an engine sent: an internal call to run elsewhere.
+pub struct Forwarded {
+    pub from: Rc<EngineLink>,
+    pub header: FrameHeader,
+    pub body: Bytes,
+}
+
+/// Where a gateway thread's links put the forwards they receive.
+pub type ForwardTx = tokio::sync::mpsc::UnboundedSender<Forwarded>;
+
+/// Forwards one engine may have waiting on one gateway thread at once;
+/// more are answered `overloaded` at once (an engine is trusted with the
+/// link's secret, not with the gateway's memory).
+pub const FORWARDS_MAX: u32 = 4096;
+
 pub struct EngineLink {
     addr: SocketAddr,
     secret: api::auth::Secret,
@@ -33,12 +52,15 @@ pub struct EngineLink {
     /// Closed for good: the engine left the table.
     closed: Cell<bool>,
     stop: Notify,
+    forwards: ForwardTx,
+    /// Its forwards not answered yet.
+    pub forwards_waiting: Cell<u32>,
 }
 
 impl EngineLink {
     /// Creates the link and starts its connect/read loop on the current
     /// `LocalSet`.
-    pub fn start(addr: SocketAddr, secret: api::auth::Secret, thread: u32) -> Rc<EngineLink> {
+    pub fn start(addr: SocketAddr, secret: api::auth::Secret, thread: u32, forwards: ForwardTx) -> Rc<EngineLink> {
         let link = Rc::new(EngineLink {
             addr,
             secret,
@@ -51,6 +73,8 @@ impl EngineLink {
             logged_down: Cell::new(false),
             closed: Cell::new(false),
             stop: Notify::new(),
+            forwards,
+            forwards_waiting: Cell::new(0),
         });
         tokio::task::spawn_local(link.clone().run());
         link
@@ -70,6 +94,36 @@ impl EngineLink {
 
     /// Sends a call and waits for its reply.
     pub async fn call(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Reply {
+        self.exchange(call_id, timeout_ms, || call_frame(call_id, timeout_ms, name, input)).await
+    }
+
+    /// Sends an internal call from another engine (a `Forward` frame under
+    /// this gateway's `call_id`) and waits for its reply.
+    pub async fn forward(&self, call_id: u64, timeout_ms: u32, depth: u32, f: &wire::frame::Forward<'_>) -> Reply {
+        self.exchange(call_id, timeout_ms, || wire::frame::forward_frame(call_id, timeout_ms, depth, f)).await
+    }
+
+    /// Answers a forward this engine sent (under the engine's id for it).
+    pub fn answer(&self, call_id: u64, reply: Reply) {
+        let (h, body) = match reply {
+            Reply::Ok(out, t) => {
+                let mut h = FrameHeader::new(FrameKind::Result, call_id, out.len());
+                t.to_header(&mut h);
+                (h, out.to_vec())
+            }
+            Reply::Err(kind, msg, t) => {
+                let mut h = FrameHeader::new(FrameKind::Error, call_id, msg.len());
+                h.error_kind = kind.code();
+                t.to_header(&mut h);
+                (h, msg.into_bytes())
+            }
+        };
+        let mut frame = h.encode().to_vec();
+        frame.extend_from_slice(&body);
+        self.send(&frame);
+    }
+
+    async fn exchange(&self, call_id: u64, timeout_ms: u32, frame: impl FnOnce() -> Vec<u8>) -> Reply {
         if !self.up.get() {
             return Reply::Err(
                 ErrorKind::EngineUnavailable,
@@ -79,7 +133,7 @@ impl EngineLink {
         }
         let (tx, rx) = oneshot::channel();
         self.pending.borrow_mut().insert(call_id, tx);
-        self.send(&call_frame(call_id, timeout_ms, name, input));
+        self.send(&frame());
         // The engine answers every call by its deadline; this only guards
         // against a wedged engine: the longest timeout a function may have
         // (or the caller's own), plus slack.
@@ -191,7 +245,7 @@ impl EngineLink {
         }
     }
 
-    async fn read_loop(&self, s: &TcpStream) {
+    async fn read_loop(self: &Rc<Self>, s: &TcpStream) {
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut chunk = vec![0u8; 64 * 1024];
         loop {
@@ -222,9 +276,18 @@ impl EngineLink {
         }
     }
 
-    fn on_frame(&self, h: FrameHeader, body: Bytes) {
+    fn on_frame(self: &Rc<Self>, h: FrameHeader, body: Bytes) {
         let timing = Timing::from_header(&h);
         let reply = match h.kind {
+            FrameKind::Forward => {
+                if self.forwards_waiting.get() >= FORWARDS_MAX {
+                    let msg = format!("this engine has {FORWARDS_MAX} internal calls waiting on this gateway thread");
+                    return self.answer(h.call_id, Reply::Err(ErrorKind::Overloaded, msg, Timing::default()));
+                }
+                self.forwards_waiting.set(self.forwards_waiting.get() + 1);
+                let _ = self.forwards.send(Forwarded { from: self.clone(), header: h, body });
+                return;
+            }
             FrameKind::Result => Reply::Ok(body, timing),
             FrameKind::Error => {
                 let kind = ErrorKind::from_code(h.error_kind).unwrap_or(ErrorKind::Internal);

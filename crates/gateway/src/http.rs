@@ -132,7 +132,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                 Err((kind, msg, Timing::default()))
             }
             Ok(body) => {
-                let reply = match th.pick(sh) {
+                let reply = match th.pick(sh, name) {
                     None => Reply::Err(
                         ErrorKind::EngineUnavailable,
                         "no engine is ready: none has joined this gateway, or none is reachable".into(),
@@ -318,9 +318,17 @@ async fn to_all(
     req: ctl::Request,
     attachment: Vec<u8>,
 ) -> Vec<(Arc<Engine>, Result<ctl::Reply, ControlError>)> {
-    let pending: Vec<_> = sh
-        .engines
-        .snapshot()
+    to_engines(&sh.engines.snapshot(), req, attachment).await
+}
+
+/// Sends a control request to each of `engines` at once; the answers, in
+/// their order.
+async fn to_engines(
+    engines: &[Arc<Engine>],
+    req: ctl::Request,
+    attachment: Vec<u8>,
+) -> Vec<(Arc<Engine>, Result<ctl::Reply, ControlError>)> {
+    let pending: Vec<_> = engines
         .iter()
         .map(|e| {
             let (c, req, attachment) = (e.control.clone(), req.clone(), attachment.clone());
@@ -363,6 +371,11 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
             "status": st,
             "engines": engines,
         }));
+        if !s.placement.is_everywhere() {
+            if let Some(last) = out.last_mut() {
+                last["placement"] = json!(s.placement);
+            }
+        }
     }
     match (one, out.pop()) {
         (Some(n), None) => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {n:?}"), None),
@@ -426,38 +439,71 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
     }
     let mut deployed = Vec::new();
     let mut notes = serde_json::Map::new();
+    let mut placed = serde_json::Map::new();
     for spec in specs {
         let archive = match sh.store.source(&spec.source) {
             Ok(a) => a,
             Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
         };
         let name = spec.name.clone();
-        let answers = to_all(sh, ctl::Request::Register { spec: spec.clone() }, archive).await;
-        if answers.is_empty() {
+        let table = sh.engines.snapshot();
+        if table.is_empty() {
             let msg = "no engine has joined this gateway (start one with `staccato engine --join URL`)";
             return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", msg, None);
         }
-        let several = answers.len() > 1;
-        for (e, answer) in answers {
+        let route = match sh.placements.decide(&spec, &table) {
+            Ok(r) => r,
+            Err(e) => return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e.to_string(), None),
+        };
+        let (on, off): (Vec<Arc<Engine>>, Vec<Arc<Engine>>) =
+            table.iter().cloned().partition(|e| route.as_ref().is_none_or(|r| r.serves(&e.id, &e.labels)));
+        let mut said: Vec<String> = Vec::new();
+        for (e, answer) in to_engines(&on, ctl::Request::Register { spec: spec.clone() }, archive).await {
             match answer {
-                Ok(ctl::Reply::Registered { notes: n, .. }) if !n.is_empty() => {
-                    notes.insert(name.clone(), json!(n));
+                // Each engine builds alike: one engine's notes stand for all.
+                Ok(ctl::Reply::Registered { notes: n, .. }) => {
+                    if !n.is_empty() && !said.contains(&n) {
+                        said.push(n);
+                    }
                 }
-                Ok(ctl::Reply::Registered { .. }) => {}
                 Ok(other) => return unexpected(&other),
                 // The engines that took it keep it until the next deploy
                 // or removal of the name.
-                Err(err) if several => return control_error_at(&err, &e.id),
+                Err(err) if table.len() > 1 => return control_error_at(&err, &e.id),
                 Err(err) => return control_error(&err),
             }
         }
-        if let Err(e) = sh.store.put(&spec) {
+        // Engines it is no longer placed on drop the version they have.
+        for (e, answer) in to_engines(&off, ctl::Request::Unregister { name: name.clone() }, Vec::new()).await {
+            match answer {
+                Ok(_) => log::info!("function {name} left engine {}: it is no longer placed there", e.id),
+                Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => {}
+                Err(err) => {
+                    log::warn!("removing function {name} from engine {} it is no longer placed on: {err}", e.id)
+                }
+            }
+        }
+        let chosen = route.as_ref().filter(|r| r.placement.engines > 0).map(|r| r.chosen.as_slice());
+        if let Err(e) = sh.store.put(&spec, chosen) {
             return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None);
         }
-        deployed.push(spec.name.clone());
+        if let Some(ids) = chosen.filter(|ids| ids.len() < spec.placement.engines as usize) {
+            said.push(format!(
+                "placed on {} of the {} engines asked for: no more engines here are admitted by its placement; \
+                 engines that join later take it",
+                ids.len(),
+                spec.placement.engines
+            ));
+        }
+        sh.placements.set(&name, route);
+        placed.insert(name.clone(), json!(on.iter().map(|e| e.id.as_str()).collect::<Vec<_>>()));
+        if !said.is_empty() {
+            notes.insert(name.clone(), json!(said.join("; ")));
+        }
+        deployed.push(name);
     }
     prune_sources(sh);
-    json_resp(StatusCode::OK, &json!({ "deployed": deployed, "notes": notes }))
+    json_resp(StatusCode::OK, &json!({ "deployed": deployed, "notes": notes, "placed": placed }))
 }
 
 /// Archives no function uses any more go; recent uploads stay a while, for
@@ -475,6 +521,7 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
         Ok(b) => b,
         Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
     };
+    sh.placements.remove(name);
     let mut in_engine = false;
     for (e, answer) in to_all(sh, ctl::Request::Unregister { name: name.to_string() }, Vec::new()).await {
         match answer {

@@ -8,23 +8,31 @@
 //! vCPU). Each call goes to the engine with the fewest calls in flight from
 //! this gateway (Nightcore's least-load pick), among those that are ready.
 //! Management requests go to every engine, through a control thread each.
-//! The engines are static (`--engine`) or join at run time ([`cluster`]).
+//! The engines are static (`--engine`) or join at run time ([`cluster`]);
+//! a function runs on every engine unless its placement says otherwise
+//! ([`placement`]). An internal call whose callee is not on the caller's
+//! server comes up the caller's engine link and goes on to an engine that
+//! runs it ([`forward`]).
 #![forbid(unsafe_code)]
 
 pub mod cluster;
 mod control;
 mod engine_link;
+mod forward;
 pub mod http;
 pub mod inputs;
 mod metrics;
+pub mod placement;
 pub mod store;
 
 use cluster::{Engine, Engines};
-use engine_link::EngineLink;
+use engine_link::{EngineLink, ForwardTx};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use placement::Placements;
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -85,6 +93,7 @@ pub(crate) struct GwShared {
     pub store: Arc<Store>,
     pub metrics: metrics::Metrics,
     pub engines: Arc<Engines>,
+    pub placements: Arc<Placements>,
 }
 
 /// Per-thread state: the thread's links to the engines and call id counter.
@@ -92,6 +101,12 @@ pub(crate) struct ThreadState {
     links: RefCell<Vec<Link>>,
     /// The table version `links` was made from.
     seen: Cell<u64>,
+    /// Functions with a placement: the indexes in `links` of the engines
+    /// that run them. A function not here runs on every engine.
+    routes: RefCell<HashMap<String, Rc<[usize]>>>,
+    /// The placements' version `routes` was made from.
+    seen_routes: Cell<u64>,
+    forwards: ForwardTx,
     /// Where the next least-load scan starts, so ties rotate.
     turn: Cell<usize>,
     next_seq: Cell<u64>,
@@ -106,25 +121,50 @@ pub(crate) struct Link {
 }
 
 impl ThreadState {
-    /// The engine for the next call: among the ready ones, the one with
-    /// the fewest calls in flight from this gateway; ties go round in turn.
-    pub fn pick(&self, sh: &GwShared) -> Option<Link> {
+    /// The engine for the next call of `name`: among the ready ones that
+    /// run it, the one with the fewest calls in flight from this gateway;
+    /// ties go round in turn.
+    pub fn pick(&self, sh: &GwShared, name: &str) -> Option<Link> {
+        self.pick_except(sh, name, None)
+    }
+
+    /// The same, leaving out one engine (a forward's caller: it does not
+    /// have the function).
+    pub fn pick_except(&self, sh: &GwShared, name: &str, except: Option<&Arc<Engine>>) -> Option<Link> {
         self.sync(sh);
         let links = self.links.borrow();
-        match links.as_slice() {
-            [] => None,
-            [one] => (one.link.is_up() && one.engine.ready()).then(|| one.clone()),
-            _ => {
+        let usable = |l: &Link| l.link.is_up() && l.engine.ready() && except.is_none_or(|x| !Arc::ptr_eq(x, &l.engine));
+        let routes = self.routes.borrow();
+        let placed = if routes.is_empty() { None } else { routes.get(name) };
+        match (placed, links.as_slice()) {
+            (None, []) => None,
+            (None, [one]) => usable(one).then(|| one.clone()),
+            (None, _) => {
                 let start = self.turn.get();
                 self.turn.set(start.wrapping_add(1));
                 let n = links.len();
                 (0..n)
                     .map(|i| &links[(start + i) % n])
-                    .filter(|l| l.link.is_up() && l.engine.ready())
+                    .filter(|l| usable(l))
+                    .min_by_key(|l| l.engine.in_flight.load(Ordering::Relaxed))
+                    .cloned()
+            }
+            (Some(ix), _) => {
+                let n = ix.len().max(1);
+                let start = self.turn.get();
+                self.turn.set(start.wrapping_add(1));
+                (0..ix.len())
+                    .map(|i| &links[ix[(start + i) % n]])
+                    .filter(|l| usable(l))
                     .min_by_key(|l| l.engine.in_flight.load(Ordering::Relaxed))
                     .cloned()
             }
         }
+    }
+
+    /// The engine behind one of this thread's links.
+    pub fn engine_of(&self, link: &Rc<EngineLink>) -> Option<Arc<Engine>> {
+        self.links.borrow().iter().find(|l| Rc::ptr_eq(&l.link, link)).map(|l| l.engine.clone())
     }
 
     /// Whether any engine could take a call now.
@@ -137,26 +177,49 @@ impl ThreadState {
     /// each engine, made when it joins and closed when it leaves.
     fn sync(&self, sh: &GwShared) {
         let version = sh.engines.version();
-        if version == self.seen.get() {
+        let routes_version = sh.placements.version();
+        if version == self.seen.get() && routes_version == self.seen_routes.get() {
             return;
         }
-        let table = sh.engines.snapshot();
-        let mut links = self.links.borrow_mut();
-        let mut next = Vec::with_capacity(table.len());
-        for e in table.iter() {
-            match links.iter().position(|l| Arc::ptr_eq(&l.engine, e)) {
-                Some(i) => next.push(links.swap_remove(i)),
-                None => next.push(Link {
-                    engine: e.clone(),
-                    link: EngineLink::start(e.addr, sh.cfg.engine_secret.clone(), self.thread as u32),
-                }),
+        if version != self.seen.get() {
+            let table = sh.engines.snapshot();
+            let mut links = self.links.borrow_mut();
+            let mut next = Vec::with_capacity(table.len());
+            for e in table.iter() {
+                match links.iter().position(|l| Arc::ptr_eq(&l.engine, e)) {
+                    Some(i) => next.push(links.swap_remove(i)),
+                    None => next.push(Link {
+                        engine: e.clone(),
+                        link: EngineLink::start(
+                            e.addr,
+                            sh.cfg.engine_secret.clone(),
+                            self.thread as u32,
+                            self.forwards.clone(),
+                        ),
+                    }),
+                }
             }
+            for gone in links.drain(..) {
+                gone.link.close();
+            }
+            *links = next;
+            self.seen.set(version);
         }
-        for gone in links.drain(..) {
-            gone.link.close();
-        }
-        *links = next;
-        self.seen.set(version);
+        // Read after the table: a route made from an older table only
+        // names engines that the next sync corrects.
+        let links = self.links.borrow();
+        let routes = sh
+            .placements
+            .snapshot()
+            .into_iter()
+            .map(|(name, r)| {
+                let ix: Rc<[usize]> =
+                    (0..links.len()).filter(|&i| r.serves(&links[i].engine.id, &links[i].engine.labels)).collect();
+                (name, ix)
+            })
+            .collect();
+        *self.routes.borrow_mut() = routes;
+        self.seen_routes.set(routes_version);
     }
 
     /// Gateway call ids: bit 63 set (docs/protocol.md), the thread index in
@@ -180,7 +243,8 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     }
     std::fs::create_dir_all(&cfg.state_dir)?;
     let store = Arc::new(Store::open(&cfg.state_dir.join("functions.redb"))?);
-    let engines = Arc::new(Engines::new(store.clone(), cfg.engine_secret.clone()));
+    let placements = Arc::new(Placements::load(store.clone())?);
+    let engines = Arc::new(Engines::new(store.clone(), placements.clone(), cfg.engine_secret.clone()));
     for addr in &cfg.engines {
         engines.add_static(*addr);
     }
@@ -195,6 +259,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         store,
         metrics: metrics::Metrics::new(threads),
         engines,
+        placements,
         connections: AtomicUsize::new(0),
         reserve: AtomicUsize::new(0),
         warned_full_s: AtomicU64::new(0),
@@ -285,9 +350,13 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
         };
         let start_us =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
+        let (forwards, mut forwarded) = tokio::sync::mpsc::unbounded_channel();
         let th = Rc::new(ThreadState {
             links: RefCell::new(Vec::new()),
             seen: Cell::new(0),
+            routes: RefCell::new(HashMap::new()),
+            seen_routes: Cell::new(0),
+            forwards,
             turn: Cell::new(idx),
             next_seq: Cell::new(start_us),
             thread: idx as u64 & 0x7f,
@@ -300,6 +369,13 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 th2.sync(&sh2);
+            }
+        });
+        // Internal calls the engines send on, each on a task of its own.
+        let (sh2, th2) = (sh.clone(), th.clone());
+        tokio::task::spawn_local(async move {
+            while let Some(f) = forwarded.recv().await {
+                tokio::task::spawn_local(forward::run(sh2.clone(), th2.clone(), f));
             }
         });
         let started = std::time::Instant::now();

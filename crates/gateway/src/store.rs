@@ -8,6 +8,9 @@ use redb::{Database, ReadableTable, TableDefinition};
 use std::path::{Path, PathBuf};
 
 const FUNCTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("functions");
+/// The engines a function placed on some of them was given (JSON list of
+/// engine ids), for functions with `placement.engines` > 0 only.
+const PLACEMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("placements");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -38,6 +41,7 @@ impl Store {
         let database = Database::create(path).map_err(db)?;
         let tx = database.begin_write().map_err(db)?;
         tx.open_table(FUNCTIONS).map_err(db)?;
+        tx.open_table(PLACEMENTS).map_err(db)?;
         tx.commit().map_err(db)?;
         let sources = path.parent().unwrap_or(Path::new(".")).join("sources");
         std::fs::create_dir_all(&sources).map_err(db)?;
@@ -96,16 +100,52 @@ impl Store {
         Ok(removed)
     }
 
-    pub fn put(&self, spec: &FunctionSpec) -> Result<(), StoreError> {
+    /// Stores a function, and the engines it was placed on (`None`: it
+    /// runs on every engine its placement admits, and none are recorded).
+    pub fn put(&self, spec: &FunctionSpec, placed: Option<&[String]>) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(spec).map_err(db)?;
         let tx = self.db.begin_write().map_err(db)?;
         tx.open_table(FUNCTIONS).map_err(db)?.insert(spec.name.as_str(), bytes.as_slice()).map_err(db)?;
+        {
+            let mut t = tx.open_table(PLACEMENTS).map_err(db)?;
+            match placed {
+                Some(ids) => {
+                    let ids = serde_json::to_vec(ids).map_err(db)?;
+                    t.insert(spec.name.as_str(), ids.as_slice()).map_err(db)?;
+                }
+                None => {
+                    t.remove(spec.name.as_str()).map_err(db)?;
+                }
+            }
+        }
         tx.commit().map_err(db)
+    }
+
+    /// Records the engines a stored function is placed on now.
+    pub fn set_placed(&self, name: &str, placed: &[String]) -> Result<(), StoreError> {
+        let ids = serde_json::to_vec(placed).map_err(db)?;
+        let tx = self.db.begin_write().map_err(db)?;
+        tx.open_table(PLACEMENTS).map_err(db)?.insert(name, ids.as_slice()).map_err(db)?;
+        tx.commit().map_err(db)
+    }
+
+    /// Every recorded placement: function → engine ids.
+    pub fn placements(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = tx.open_table(PLACEMENTS).map_err(db)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(db)? {
+            let (k, v) = row.map_err(db)?;
+            let ids = serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(k.value().to_string(), e))?;
+            out.push((k.value().to_string(), ids));
+        }
+        Ok(out)
     }
 
     pub fn remove(&self, name: &str) -> Result<bool, StoreError> {
         let tx = self.db.begin_write().map_err(db)?;
         let existed = tx.open_table(FUNCTIONS).map_err(db)?.remove(name).map_err(db)?.is_some();
+        tx.open_table(PLACEMENTS).map_err(db)?.remove(name).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(existed)
     }
@@ -157,15 +197,22 @@ mod tests {
             pids: 32,
             worker_mode: Default::default(),
             cpu_shares: None,
+            placement: Default::default(),
         };
         {
             let s = Store::open(&path).expect("open");
-            s.put(&spec).expect("put");
+            s.put(&spec, Some(&["e1".to_string()])).expect("put");
         }
         let s = Store::open(&path).expect("reopen");
         assert_eq!(s.list().expect("list"), vec![spec.clone()]);
+        assert_eq!(s.placements().expect("placements"), vec![("f".to_string(), vec!["e1".to_string()])]);
+        s.put(&spec, None).expect("put everywhere");
+        assert!(s.placements().expect("placements").is_empty());
+        s.set_placed("f", &["e2".to_string()]).expect("set");
+        assert_eq!(s.placements().expect("placements")[0].1, vec!["e2".to_string()]);
         assert_eq!(s.get("f").expect("get"), Some(spec));
         assert!(s.remove("f").expect("remove"));
+        assert!(s.placements().expect("placements").is_empty(), "removed with its function");
         assert!(!s.remove("f").expect("remove again"));
         assert!(s.list().expect("list").is_empty());
 

@@ -167,6 +167,13 @@ fn run(cli: Cli) -> Result<()> {
             );
             for t in v.as_array().into_iter().flatten() {
                 let n = |k: &str| t[k].as_u64().unwrap_or(0);
+                // A call between servers is listed twice: by the caller's
+                // engine, which sent it out, and by the callee's, which ran it.
+                let engine = match t["hop"].as_str() {
+                    Some("out") => format!("{} ->", t["engine"].as_str().unwrap_or("")),
+                    Some("in") => format!("-> {}", t["engine"].as_str().unwrap_or("")),
+                    _ => t["engine"].as_str().unwrap_or("").to_string(),
+                };
                 let queue = n("dispatch_ns").saturating_sub(n("receive_ns")) / 1000;
                 let exec =
                     if n("dispatch_ns") > 0 { n("complete_ns").saturating_sub(n("dispatch_ns")) / 1000 } else { 0 };
@@ -175,7 +182,7 @@ fn run(cli: Cli) -> Result<()> {
                     t["call_id"].as_str().unwrap_or(""),
                     t["parent_call_id"].as_str().unwrap_or(""),
                     t["function"].as_str().unwrap_or(""),
-                    t["engine"].as_str().unwrap_or(""),
+                    engine,
                     n("worker_id"),
                     queue,
                     exec,
@@ -237,10 +244,21 @@ fn deploy(c: &mut Gateway, path: &Path) -> Result<()> {
         std::io::stdout().flush().ok();
         let t = Instant::now();
         match client::deploy::deploy_function(c, &f) {
-            Ok(v) => match v["notes"][&spec.name].as_str() {
-                Some(n) => println!("ok ({:.2}s; {n})", t.elapsed().as_secs_f64()),
-                None => println!("ok ({:.2}s)", t.elapsed().as_secs_f64()),
-            },
+            Ok(v) => {
+                let mut said: Vec<String> = v["notes"][&spec.name].as_str().map(String::from).into_iter().collect();
+                if !spec.placement.is_everywhere() {
+                    let on: Vec<&str> = v["placed"][&spec.name]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(|e| e.as_str()).collect())
+                        .unwrap_or_default();
+                    said.push(format!("on {}", on.join(", ")));
+                }
+                let took = t.elapsed().as_secs_f64();
+                match said.is_empty() {
+                    true => println!("ok ({took:.2}s)"),
+                    false => println!("ok ({took:.2}s; {})", said.join("; ")),
+                }
+            }
             Err(e) => {
                 println!("failed");
                 return Err(e);
@@ -300,20 +318,26 @@ fn listing(c: &mut Gateway, path: &str, json: bool) -> Result<Option<Value>> {
 fn engines(c: &mut Gateway, json: bool) -> Result<()> {
     let Some(v) = listing(c, "/system/engines", json)? else { return Ok(()) };
     println!(
-        "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>8}",
-        "ID", "ADDRESS", "KIND", "STATE", "IN FLIGHT", "CALLS", "LEASE"
+        "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>9} {:>8}  LABELS",
+        "ID", "ADDRESS", "KIND", "STATE", "IN FLIGHT", "CALLS", "FORWARDED", "LEASE"
     );
     for e in v.as_array().into_iter().flatten() {
         let lease = e["lease_left_ms"].as_u64().map_or("-".to_string(), |ms| format!("{:.1}s", ms as f64 / 1e3));
+        let labels: Vec<String> = e["labels"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect())
+            .unwrap_or_default();
         println!(
-            "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>8}",
+            "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>9} {:>8}  {}",
             e["id"].as_str().unwrap_or(""),
             e["address"].as_str().unwrap_or(""),
             e["kind"].as_str().unwrap_or(""),
             e["state"].as_str().unwrap_or(""),
             e["in_flight"],
             e["calls"],
-            lease
+            e["forwarded"],
+            lease,
+            labels.join(",")
         );
     }
     Ok(())

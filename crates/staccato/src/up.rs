@@ -212,6 +212,14 @@ pub struct EngineCmd {
     /// address).
     #[arg(long)]
     pub engine_id: Option<String>,
+    /// A label functions may ask for in their placement (KEY=VALUE, e.g.
+    /// zone=a or gpu=); repeat it for several.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    api::cluster::parse_label(s)
 }
 
 /// `staccato gateway`: a gateway alone, in front of engines elsewhere.
@@ -297,7 +305,11 @@ pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
         state.display()
     );
     let address = args.advertise.unwrap_or(engine.addr);
-    let join = api::cluster::Join { id: args.engine_id.clone().unwrap_or_else(|| address.to_string()), address };
+    let join = api::cluster::Join {
+        id: args.engine_id.clone().unwrap_or_else(|| address.to_string()),
+        address,
+        labels: args.labels.iter().cloned().collect(),
+    };
     let leave = joins.iter().map(|(url, _)| url.clone()).collect::<Vec<_>>();
     // A thread per gateway: one that is down must not delay the others'
     // renewals past their lease.

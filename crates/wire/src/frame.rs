@@ -23,6 +23,10 @@ pub enum FrameKind {
     Auth = 8,
     /// Handshake: the engine accepted the client; ordinary frames follow.
     Welcome = 9,
+    /// An internal call whose callee is on another server (Nightcore §3.2):
+    /// engine → gateway, to be sent on; gateway → engine, to be run. Its
+    /// body starts with [`FORWARD_PREFIX_LEN`] bytes of ids ([`forward_parts`]).
+    Forward = 10,
 }
 
 impl FrameKind {
@@ -37,6 +41,7 @@ impl FrameKind {
             7 => FrameKind::Challenge,
             8 => FrameKind::Auth,
             9 => FrameKind::Welcome,
+            10 => FrameKind::Forward,
             _ => return None,
         })
     }
@@ -80,16 +85,25 @@ impl FrameHeader {
         FrameHeader { body_len: body_len as u32, kind, error_kind: 0, call_id, a: 0, b: 0, c: 0 }
     }
 
-    /// `Call`: the caller's timeout in ms (0: the function's own).
+    /// `Call`, `Forward`: the caller's timeout in ms (0: the function's
+    /// own); for `Forward`, what was left of the caller's deadline when
+    /// the frame was sent.
     pub fn call_timeout_ms(&self) -> u32 {
-        debug_assert_eq!(self.kind, FrameKind::Call);
+        debug_assert!(matches!(self.kind, FrameKind::Call | FrameKind::Forward));
         self.a
     }
 
-    /// `Call`: how many body bytes are the function's name.
+    /// `Call`, `Forward`: how many bytes of the name the body holds.
     pub fn call_name_len(&self) -> u32 {
-        debug_assert_eq!(self.kind, FrameKind::Call);
+        debug_assert!(matches!(self.kind, FrameKind::Call | FrameKind::Forward));
         self.b
+    }
+
+    /// `Forward`: how many calls are above this one in its chain, on every
+    /// server it crossed (the callee's engine counts on from there).
+    pub fn forward_depth(&self) -> u32 {
+        debug_assert_eq!(self.kind, FrameKind::Forward);
+        self.c
     }
 
     /// `Control`: how many body bytes are JSON; 0 means all of them, and
@@ -208,9 +222,73 @@ pub fn call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Ve
     out
 }
 
+/// A `Forward` body's first bytes: the call id its caller's engine gave it
+/// and its parent's id there (both u64, little-endian).
+pub const FORWARD_PREFIX_LEN: usize = 16;
+
+/// An internal call on its way to another server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forward<'a> {
+    /// The id the caller's engine gave the call (its runtime's internal id).
+    pub origin_call_id: u64,
+    /// The caller's own call, on the caller's engine.
+    pub parent_call_id: u64,
+    pub name: &'a [u8],
+    pub input: &'a [u8],
+}
+
+/// A complete `Forward` frame. `call_id` is the sender's key for the
+/// answer: the caller's internal id from an engine, the gateway's hop id
+/// from a gateway.
+pub fn forward_frame(call_id: u64, timeout_ms: u32, depth: u32, f: &Forward<'_>) -> Vec<u8> {
+    let len = FORWARD_PREFIX_LEN + f.name.len() + f.input.len();
+    let mut h = FrameHeader::new(FrameKind::Forward, call_id, len);
+    h.a = timeout_ms;
+    h.b = f.name.len() as u32;
+    h.c = depth;
+    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + len);
+    out.extend_from_slice(&h.encode());
+    out.extend_from_slice(&f.origin_call_id.to_le_bytes());
+    out.extend_from_slice(&f.parent_call_id.to_le_bytes());
+    out.extend_from_slice(f.name);
+    out.extend_from_slice(f.input);
+    out
+}
+
+/// A `Forward` body's parts; `None` if it is too short for its ids and the
+/// name length its header claims.
+pub fn forward_parts<'a>(h: &FrameHeader, body: &'a [u8]) -> Option<Forward<'a>> {
+    let ids = body.get(..FORWARD_PREFIX_LEN)?;
+    let rest = &body[FORWARD_PREFIX_LEN..];
+    let name_len = h.call_name_len() as usize;
+    if name_len > rest.len() {
+        return None;
+    }
+    let (name, input) = rest.split_at(name_len);
+    Some(Forward {
+        origin_call_id: u64::from_le_bytes(ids[..8].try_into().expect("8 bytes")),
+        parent_call_id: u64::from_le_bytes(ids[8..].try_into().expect("8 bytes")),
+        name,
+        input,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forward_frames_round_trip_and_short_ones_are_refused() {
+        let f = Forward { origin_call_id: 7 << 32 | 3, parent_call_id: 1 << 63 | 9, name: b"callee", input: b"in" };
+        let frame = forward_frame(42, 1500, 4, &f);
+        let (h, end) = next_frame(&frame).expect("valid").expect("whole");
+        assert_eq!((h.kind, h.call_id, end), (FrameKind::Forward, 42, frame.len()));
+        assert_eq!((h.call_timeout_ms(), h.forward_depth()), (1500, 4));
+        assert_eq!(forward_parts(&h, &frame[FRAME_HEADER_LEN..]), Some(f));
+        // A body shorter than its ids, or than the name its header claims.
+        assert_eq!(forward_parts(&h, &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 15]), None);
+        assert_eq!(forward_parts(&h, &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 20]), None);
+    }
 
     #[test]
     fn round_trip() {
