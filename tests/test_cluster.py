@@ -356,6 +356,51 @@ def test_an_engine_that_joins_late_gets_every_function_first(gw):
     assert late.id in seen, seen
 
 
+def test_an_engine_that_goes_silent_is_passed_over_within_a_second(gw):
+    """SIGSTOP an engine under load: like a cut cable, nothing tells the
+    gateway (no reset, the kernel still acknowledges). Its pings go
+    unanswered, so within 1 s its links close: each call it held is answered
+    503 engine_unavailable, none waits for its timeout, and later calls go
+    to the others. Woken again, it rejoins and takes calls."""
+    victim = gw.engine_procs[1]
+    results = []
+
+    def caller(i):
+        out = []
+        deadline = time.monotonic() + 3.5
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            r = gw.invoke("sleepy", b"s", timeout=20)
+            out.append((r.status, r.json()["error"]["kind"] if r.status != 200 else None, served_by(r), t0,
+                        time.monotonic() - t0))
+        return out
+
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            futures = [ex.submit(caller, i) for i in range(8)]
+            time.sleep(1)
+            victim.proc.send_signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            for f in futures:
+                results.extend(f.result())
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    kinds = Counter((status, kind) for status, kind, _, _, _ in results)
+    assert set(kinds) <= {(200, None), (503, "engine_unavailable")}, kinds
+    slowest = max(took for _, _, _, _, took in results)
+    # 50 ms of work; a call the stopped engine held waits for the silence
+    # limit (800 ms) and one ping period at most.
+    assert slowest < 1.6, (slowest, kinds)
+    # Calls made a second after it stopped are all served, elsewhere.
+    after = [r for r in results if r[3] > stopped + 1.0]
+    assert after and all(r[0] == 200 and r[2] != victim.id for r in after), after[:5]
+    assert time.monotonic() - stopped < 6
+    assert wait_for(lambda: victim.id in ready(gw), timeout=20), table(gw)
+    with ThreadPoolExecutor(8) as ex:
+        seen = set(ex.map(lambda i: served_by(gw.invoke("sleepy", b"x")), range(64)))
+    assert victim.id in seen, seen
+
+
 def test_a_killed_engine_is_dropped_and_no_call_is_lost(gw):
     """SIGKILL an engine while 8 connections call: every call is answered
     once, ok or 503 engine_unavailable (those it was running), none hangs;

@@ -12,6 +12,7 @@ use wire::ErrorKind;
 
 const SCAN: Duration = Duration::from_millis(2);
 const HOUSEKEEPING_EVERY: u32 = 50; // scans: every 100 ms
+const CHECK_CONNS_EVERY: u32 = 250; // scans: every 500 ms
 /// How long a call waits on a function whose every worker waits for it
 /// (`Shared::deadlock_victim`) before it is refused: a wait that lasts
 /// this long between two housekeeping rounds is no passing state.
@@ -23,6 +24,11 @@ pub(crate) fn run(shared: Arc<Shared>) {
         std::thread::sleep(SCAN);
         expire(&shared);
         n += 1;
+        if n.is_multiple_of(CHECK_CONNS_EVERY) && shared.remote.connected() {
+            for t in 0..shared.mailboxes.len() {
+                shared.post(t, Cmd::CheckConns);
+            }
+        }
         if n.is_multiple_of(HOUSEKEEPING_EVERY) {
             // A bug here must not stop the deadlines above for good.
             let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| housekeeping(&shared)));

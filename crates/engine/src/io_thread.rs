@@ -38,6 +38,8 @@ struct Conn {
     rbuf: Vec<u8>,
     wbuf: Vec<u8>,
     wants_write: bool,
+    /// When its gateway last sent anything (monotonic ns).
+    heard_ns: u64,
 }
 
 struct Chan {
@@ -137,6 +139,7 @@ impl IoThread {
                     }
                 }
                 Cmd::Reply { conn, frame } => self.queue_write(conn, &frame),
+                Cmd::CheckConns => self.close_silent_conns(),
             }
         }
     }
@@ -153,8 +156,31 @@ impl IoThread {
             log::error!("registering gateway connection: {e}");
             return;
         }
-        self.entries.insert(t, Entry::Conn(Conn { stream, rbuf: Vec::new(), wbuf: Vec::new(), wants_write: false }));
+        let heard_ns = sys::clock::monotonic_ns();
+        self.entries
+            .insert(t, Entry::Conn(Conn { stream, rbuf: Vec::new(), wbuf: Vec::new(), wants_write: false, heard_ns }));
         self.shared.remote.add_conn(self.idx, t);
+    }
+
+    /// Closes gateway connections that brought nothing for
+    /// `ENGINE_SILENCE_MAX_MS` (their gateway pings every 200 ms): a cut
+    /// link, or a gateway that died without a reset. Calls sent to other
+    /// servers on them are answered (`remove_entry`).
+    fn close_silent_conns(&mut self) {
+        let now = sys::clock::monotonic_ns();
+        let max = wire::frame::ENGINE_SILENCE_MAX_MS * 1_000_000;
+        let silent: Vec<Token> = self
+            .entries
+            .iter()
+            .filter_map(|(t, e)| match e {
+                Entry::Conn(c) if now.saturating_sub(c.heard_ns) > max => Some(*t),
+                _ => None,
+            })
+            .collect();
+        for t in silent {
+            log::warn!("a gateway connection sent nothing for {} ms; closing it", wire::frame::ENGINE_SILENCE_MAX_MS);
+            self.remove_entry(t);
+        }
     }
 
     fn adopt_channel(&mut self, func: Arc<Function>, worker_id: u32, rx: File) {
@@ -624,7 +650,10 @@ impl IoThread {
                     closed = true;
                     break;
                 }
-                Ok(n) => c.rbuf.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    c.heard_ns = sys::clock::monotonic_ns();
+                    c.rbuf.extend_from_slice(&chunk[..n]);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -679,6 +708,10 @@ impl IoThread {
                 (f.name, f.input, Some((f.origin_call_id, f.parent_call_id)), fh.forward_depth())
             }
             FrameKind::Result | FrameKind::Error => return self.on_answer(conn, fh, body),
+            FrameKind::Ping => {
+                let pong = FrameHeader::new(FrameKind::Pong, fh.call_id, 0).encode();
+                return self.queue_write(conn, &pong);
+            }
             kind => {
                 log::warn!("unexpected {kind:?} frame on a data connection");
                 return;

@@ -217,9 +217,21 @@ pub(crate) enum Hop {
 /// Sent to an I/O thread's mailbox; the thread is woken through eventfd.
 pub(crate) enum Cmd {
     AdoptConn(std::net::TcpStream),
-    AdoptChannel { func: Arc<Function>, worker_id: u32, rx: File },
-    DropChannel { func: Arc<Function>, worker_id: u32 },
-    Reply { conn: Token, frame: Vec<u8> },
+    AdoptChannel {
+        func: Arc<Function>,
+        worker_id: u32,
+        rx: File,
+    },
+    DropChannel {
+        func: Arc<Function>,
+        worker_id: u32,
+    },
+    Reply {
+        conn: Token,
+        frame: Vec<u8>,
+    },
+    /// Close gateway connections that have gone silent (from the clock).
+    CheckConns,
 }
 
 pub(crate) struct Mailbox {

@@ -13,7 +13,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
 use wire::frame::{call_frame, FrameHeader, FrameKind, Timing, FRAME_HEADER_LEN};
@@ -22,6 +22,9 @@ use wire::ErrorKind;
 pub enum Reply {
     Ok(Bytes, Timing),
     Err(ErrorKind, String, Timing),
+    /// The link failed before the call's frame was whole in the kernel's
+    /// hands: the engine cannot have started it, so it may go elsewhere.
+    Unsent,
 }
 
 /// A `Forward` frame an engine sent: an internal call to run elsewhere.
@@ -55,6 +58,13 @@ pub struct EngineLink {
     forwards: ForwardTx,
     /// Its forwards not answered yet.
     pub forwards_waiting: Cell<u32>,
+    /// When the engine last sent anything on this connection.
+    last_heard: Cell<Instant>,
+    /// Bytes taken from the front of `out` since the connection opened.
+    out_taken: Cell<u64>,
+    /// Calls whose frame is not wholly out of `out` yet: id, and where in
+    /// the connection's byte stream the frame ends.
+    unsent: RefCell<std::collections::VecDeque<(u64, u64)>>,
 }
 
 impl EngineLink {
@@ -75,6 +85,9 @@ impl EngineLink {
             stop: Notify::new(),
             forwards,
             forwards_waiting: Cell::new(0),
+            last_heard: Cell::new(Instant::now()),
+            out_taken: Cell::new(0),
+            unsent: RefCell::new(std::collections::VecDeque::new()),
         });
         tokio::task::spawn_local(link.clone().run());
         link
@@ -117,10 +130,16 @@ impl EngineLink {
                 t.to_header(&mut h);
                 (h, msg.into_bytes())
             }
+            Reply::Unsent => {
+                let msg = b"the link to the callee's engine failed before the call was sent";
+                let mut h = FrameHeader::new(FrameKind::Error, call_id, msg.len());
+                h.error_kind = ErrorKind::EngineUnavailable.code();
+                (h, msg.to_vec())
+            }
         };
         let mut frame = h.encode().to_vec();
         frame.extend_from_slice(&body);
-        self.send(&frame);
+        self.send(&frame, None);
     }
 
     async fn exchange(&self, call_id: u64, timeout_ms: u32, frame: impl FnOnce() -> Vec<u8>) -> Reply {
@@ -133,7 +152,7 @@ impl EngineLink {
         }
         let (tx, rx) = oneshot::channel();
         self.pending.borrow_mut().insert(call_id, tx);
-        self.send(&frame());
+        self.send(&frame(), Some(call_id));
         // The engine answers every call by its deadline; this only guards
         // against a wedged engine: the longest timeout a function may have
         // (or the caller's own), plus slack.
@@ -148,7 +167,9 @@ impl EngineLink {
         }
     }
 
-    fn send(&self, frame: &[u8]) {
+    /// Writes a frame, or queues what does not fit for the flusher; a
+    /// call's frame is noted until it is wholly written (`Reply::Unsent`).
+    fn send(&self, frame: &[u8], call: Option<u64>) {
         let stream = self.stream.borrow().clone();
         let Some(stream) = stream else { return };
         let mut out = self.out.borrow_mut();
@@ -164,6 +185,9 @@ impl EngineLink {
         }
         if !rest.is_empty() {
             out.extend_from_slice(rest);
+            if let Some(id) = call {
+                self.unsent.borrow_mut().push_back((id, self.out_taken.get() + out.len() as u64));
+            }
             self.flush.notify_one();
         }
     }
@@ -179,14 +203,25 @@ impl EngineLink {
                     self.logged_down.set(false);
                     log::info!("gateway thread {}: connected to engine {}", self.thread, self.addr);
                     let flusher = tokio::task::spawn_local(self.clone().flusher(s.clone()));
+                    self.last_heard.set(Instant::now());
                     tokio::select! {
                         () = self.read_loop(&s) => {}
                         () = self.stop.notified() => {}
+                        () = self.heartbeat() => {
+                            log::warn!(
+                                "gateway thread {}: engine {} sent nothing for {} ms (a cut link, or a stopped \
+                                 engine); closing the link",
+                                self.thread,
+                                self.addr,
+                                wire::frame::SILENCE_MAX_MS
+                            );
+                        }
                     }
                     flusher.abort();
                     self.up.set(false);
                     *self.stream.borrow_mut() = None;
                     self.out.borrow_mut().clear();
+                    self.out_taken.set(0);
                     self.fail_pending();
                     if self.closed.get() {
                         break;
@@ -226,6 +261,23 @@ impl EngineLink {
         TcpStream::from_std(s)
     }
 
+    /// Pings the engine every `PING_EVERY_MS`; returns once it has sent
+    /// nothing for `SILENCE_MAX_MS` (any frame counts, so a busy link is
+    /// never taken for a dead one).
+    async fn heartbeat(&self) {
+        let every = Duration::from_millis(wire::frame::PING_EVERY_MS);
+        let silence = Duration::from_millis(wire::frame::SILENCE_MAX_MS);
+        let mut seq = 0u64;
+        loop {
+            tokio::time::sleep(every).await;
+            if self.last_heard.get().elapsed() > silence {
+                return;
+            }
+            seq += 1;
+            self.send(&FrameHeader::new(FrameKind::Ping, seq, 0).encode(), None);
+        }
+    }
+
     async fn flusher(self: Rc<Self>, s: Rc<TcpStream>) {
         loop {
             self.flush.notified().await;
@@ -237,6 +289,12 @@ impl EngineLink {
                 match s.try_write(&out) {
                     Ok(n) => {
                         out.drain(..n);
+                        let taken = self.out_taken.get() + n as u64;
+                        self.out_taken.set(taken);
+                        let mut unsent = self.unsent.borrow_mut();
+                        while unsent.front().is_some_and(|&(_, end)| end <= taken) {
+                            unsent.pop_front();
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(_) => return,
@@ -254,7 +312,10 @@ impl EngineLink {
             }
             match s.try_read(&mut chunk) {
                 Ok(0) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    self.last_heard.set(Instant::now());
+                    buf.extend_from_slice(&chunk[..n]);
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Err(_) => return,
             }
@@ -288,6 +349,7 @@ impl EngineLink {
                 let _ = self.forwards.send(Forwarded { from: self.clone(), header: h, body });
                 return;
             }
+            FrameKind::Pong => return,
             FrameKind::Result => Reply::Ok(body, timing),
             FrameKind::Error => {
                 let kind = ErrorKind::from_code(h.error_kind).unwrap_or(ErrorKind::Internal);
@@ -300,13 +362,77 @@ impl EngineLink {
         }
     }
 
+    /// The connection is gone: a call whose frame never wholly left is
+    /// `Unsent` (it may go to another engine), any other was perhaps
+    /// started and is answered `engine_unavailable`.
     fn fail_pending(&self) {
-        for (_, tx) in self.pending.borrow_mut().drain() {
-            let _ = tx.send(Reply::Err(
-                ErrorKind::EngineUnavailable,
-                "engine connection lost during the call".into(),
-                Timing::default(),
-            ));
+        let unsent: std::collections::HashSet<u64> = self.unsent.borrow_mut().drain(..).map(|(id, _)| id).collect();
+        for (id, tx) in self.pending.borrow_mut().drain() {
+            let _ = tx.send(if unsent.contains(&id) {
+                Reply::Unsent
+            } else {
+                Reply::Err(
+                    ErrorKind::EngineUnavailable,
+                    "engine connection lost during the call".into(),
+                    Timing::default(),
+                )
+            });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An engine that accepts the link and then reads nothing and answers
+    /// nothing, not even pings (a stopped process, a cut cable): within
+    /// the silence limit the link closes; a call whose frame it took is
+    /// answered `engine_unavailable` (it may have started), one whose frame
+    /// never wholly left is `Unsent` (it can go elsewhere).
+    #[test]
+    fn a_silent_engine_is_dropped_and_only_unsent_calls_may_go_elsewhere() {
+        let secret = api::auth::Secret::new("a-test-secret").expect("secret");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let engine_secret = secret.clone();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let engine = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().expect("accept");
+            api::link::engine(&mut c, &engine_secret).expect("handshake");
+            // Holds the connection open, silent, until the test is done.
+            let _ = done_rx.recv_timeout(Duration::from_secs(30));
+            drop(c);
+        });
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async move {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let link = EngineLink::start(addr, secret, 0, tx);
+            for _ in 0..200 {
+                if link.is_up() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(link.is_up(), "the link never came up");
+            let l = link.clone();
+            let small = tokio::task::spawn_local(async move { l.call(1, 0, "f", b"x").await });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Far more than the kernel buffers of an unread connection hold.
+            let l = link.clone();
+            let large = tokio::task::spawn_local(async move { l.call(2, 0, "f", &vec![7u8; 48 << 20]).await });
+            let t0 = Instant::now();
+            let (small, large) = (small.await.expect("small"), large.await.expect("large"));
+            let took = t0.elapsed();
+            assert!(matches!(small, Reply::Err(ErrorKind::EngineUnavailable, _, _)), "the small call");
+            assert!(matches!(large, Reply::Unsent), "the large call");
+            let limit = Duration::from_millis(wire::frame::SILENCE_MAX_MS + 2 * wire::frame::PING_EVERY_MS + 300);
+            assert!(took < limit, "{took:?}");
+            assert!(!link.is_up());
+            link.close();
+        });
+        let _ = done_tx.send(());
+        engine.join().expect("engine thread");
     }
 }

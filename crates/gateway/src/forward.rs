@@ -9,7 +9,6 @@
 //! A forward is hostile until checked, like any frame from an engine: its
 //! name, its size and its count are checked here again.
 
-use crate::cluster::InFlight;
 use crate::engine_link::{Forwarded, Reply};
 use crate::{GwShared, ThreadState};
 use std::rc::Rc;
@@ -42,16 +41,23 @@ async fn send_on(sh: &GwShared, th: &ThreadState, f: &Forwarded) -> Reply {
     if let Some(e) = &from {
         e.forwarded.fetch_add(1, Ordering::Relaxed);
     }
-    let Some(to) = th.pick_except(sh, name, from.as_ref()) else {
-        return match sh.store.get(name) {
+    let hop = th.next_call_id();
+    let (timeout_ms, depth) = (f.header.call_timeout_ms(), f.header.forward_depth());
+    let sent = th
+        .send_call(sh, name, from.as_ref(), |to| async move { to.link.forward(hop, timeout_ms, depth, &parts).await })
+        .await;
+    match sent {
+        Some((Reply::Unsent, _)) => err(
+            ErrorKind::EngineUnavailable,
+            format!("the links to the engines running {name} failed before the call was sent; retry shortly"),
+        ),
+        Some((reply, _)) => reply,
+        None => match sh.store.get(name) {
             Ok(Some(_)) => err(
                 ErrorKind::EngineUnavailable,
                 format!("{name} runs on no other engine that is ready now (see staccato engines); retry shortly"),
             ),
             _ => err(ErrorKind::NotFound, format!("no function named {name:?}")),
-        };
-    };
-    let hop = th.next_call_id();
-    let _counted = InFlight::new(&to.engine);
-    to.link.forward(hop, f.header.call_timeout_ms(), f.header.forward_depth(), &parts).await
+        },
+    }
 }

@@ -7,7 +7,7 @@
 //! from another origin's page, and must say what they send with a content
 //! type no HTML form can (so a cross-site form cannot post one).
 
-use crate::cluster::{Engine, InFlight};
+use crate::cluster::Engine;
 use crate::control::ControlError;
 use crate::engine_link::Reply;
 use crate::inputs;
@@ -132,19 +132,23 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                 Err((kind, msg, Timing::default()))
             }
             Ok(body) => {
-                let reply = match th.pick(sh, name) {
+                let (input, timeout_ms) = (body.to_bytes(), timeout_ms.unwrap_or(0));
+                // Counted in its engine's calls in flight until answered, or
+                // until the client goes away (the future is dropped).
+                let sent = th
+                    .send_call(sh, name, None, |l| {
+                        let input = &input;
+                        async move { l.link.call(call_id, timeout_ms, name, input).await }
+                    })
+                    .await;
+                let reply = match sent {
                     None => Reply::Err(
                         ErrorKind::EngineUnavailable,
                         "no engine is ready: none has joined this gateway, or none is reachable".into(),
                         Timing::default(),
                     ),
-                    Some(l) => {
-                        // Counted until answered, or until the client goes away
-                        // (the future is dropped).
-                        let counted = InFlight::new(&l.engine);
-                        let reply = l.link.call(call_id, timeout_ms.unwrap_or(0), name, &body.to_bytes()).await;
-                        drop(counted);
-                        served_by = Some(l.engine);
+                    Some((reply, engine)) => {
+                        served_by = Some(engine);
                         reply
                     }
                 };
@@ -161,6 +165,11 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                         Err((ErrorKind::EngineUnavailable, msg, t))
                     }
                     Reply::Err(k, m, t) => Err((k, m, t)),
+                    Reply::Unsent => Err((
+                        ErrorKind::EngineUnavailable,
+                        "the links to the engines running it failed before the call was sent; retry shortly".into(),
+                        Timing::default(),
+                    )),
                 }
             }
         }

@@ -123,17 +123,13 @@ pub(crate) struct Link {
 impl ThreadState {
     /// The engine for the next call of `name`: among the ready ones that
     /// run it, the one with the fewest calls in flight from this gateway;
-    /// ties go round in turn.
-    pub fn pick(&self, sh: &GwShared, name: &str) -> Option<Link> {
-        self.pick_except(sh, name, None)
-    }
-
-    /// The same, leaving out one engine (a forward's caller: it does not
-    /// have the function).
-    pub fn pick_except(&self, sh: &GwShared, name: &str, except: Option<&Arc<Engine>>) -> Option<Link> {
+    /// ties go round in turn. `except`: engines left out (a forward's
+    /// caller, which does not have the function; an engine that could not
+    /// take the call).
+    pub fn pick(&self, sh: &GwShared, name: &str, except: &[&Arc<Engine>]) -> Option<Link> {
         self.sync(sh);
         let links = self.links.borrow();
-        let usable = |l: &Link| l.link.is_up() && l.engine.ready() && except.is_none_or(|x| !Arc::ptr_eq(x, &l.engine));
+        let usable = |l: &Link| l.link.is_up() && l.engine.ready() && !except.iter().any(|x| Arc::ptr_eq(x, &l.engine));
         let routes = self.routes.borrow();
         let placed = if routes.is_empty() { None } else { routes.get(name) };
         match (placed, links.as_slice()) {
@@ -160,6 +156,58 @@ impl ThreadState {
                     .cloned()
             }
         }
+    }
+
+    /// Sends a call of `name` (`send`) to the engine `pick` gives;
+    /// if that engine cannot have started it (its frame never left, or it
+    /// does not have the function yet: it is being restored), once more to
+    /// another. The last answer and the engine that gave it; `None` if no
+    /// engine was ready.
+    pub async fn send_call<F, Fut>(
+        &self,
+        sh: &GwShared,
+        name: &str,
+        except: Option<&Arc<Engine>>,
+        send: F,
+    ) -> Option<(engine_link::Reply, Arc<Engine>)>
+    where
+        F: Fn(Link) -> Fut,
+        Fut: std::future::Future<Output = engine_link::Reply>,
+    {
+        use engine_link::Reply;
+        let first = self.pick(sh, name, except.as_slice())?;
+        let engine = first.engine.clone();
+        let reply = {
+            let _counted = cluster::InFlight::new(&engine);
+            send(first).await
+        };
+        let again = match &reply {
+            Reply::Unsent => true,
+            Reply::Err(wire::ErrorKind::NotFound, ..) => sh.store.get(name).is_ok_and(|s| s.is_some()),
+            _ => false,
+        };
+        // The second engine must be another one than the first (and the
+        // caller's): a call is sent at most twice, and never twice to one
+        // engine.
+        let other = if again {
+            let mut not = except.as_slice().to_vec();
+            not.push(&engine);
+            self.pick(sh, name, &not)
+        } else {
+            None
+        };
+        let Some(second) = other else { return Some((reply, engine)) };
+        log::debug!(
+            "a call of {name} that engine {} cannot have started goes to engine {}",
+            engine.id,
+            second.engine.id
+        );
+        let engine = second.engine.clone();
+        let reply = {
+            let _counted = cluster::InFlight::new(&engine);
+            send(second).await
+        };
+        Some((reply, engine))
     }
 
     /// The engine behind one of this thread's links.

@@ -27,7 +27,23 @@ pub enum FrameKind {
     /// engine → gateway, to be sent on; gateway → engine, to be run. Its
     /// body starts with [`FORWARD_PREFIX_LEN`] bytes of ids ([`forward_parts`]).
     Forward = 10,
+    /// Gateway → engine on a data connection, every [`PING_EVERY_MS`]: the
+    /// engine answers `Pong` with the same call id at once. A link that
+    /// carries nothing back for [`SILENCE_MAX_MS`] is dead (a cut cable
+    /// sends no reset).
+    Ping = 11,
+    Pong = 12,
 }
+
+/// How often a gateway pings each data connection.
+pub const PING_EVERY_MS: u64 = 200;
+/// A data connection that brings a gateway no frame for this long is
+/// closed, and its calls in flight answered `engine_unavailable`: with
+/// pings every 200 ms, a dead link is found within 1 s.
+pub const SILENCE_MAX_MS: u64 = 800;
+/// An engine closes a data connection that brought nothing for this long
+/// (its gateway pings every 200 ms; a test client may not).
+pub const ENGINE_SILENCE_MAX_MS: u64 = 3000;
 
 impl FrameKind {
     pub fn from_code(code: u16) -> Option<FrameKind> {
@@ -42,6 +58,8 @@ impl FrameKind {
             8 => FrameKind::Auth,
             9 => FrameKind::Welcome,
             10 => FrameKind::Forward,
+            11 => FrameKind::Ping,
+            12 => FrameKind::Pong,
             _ => return None,
         })
     }
