@@ -411,7 +411,14 @@ impl IoThread {
             } else {
                 m.inline(h).to_vec()
             };
-            let kind = ErrorKind::from_code(h.error_kind).unwrap_or(ErrorKind::FunctionError);
+            // The function's word: any kind but `not_found`, which only the
+            // engine may say (it means "not started here": a gateway sends
+            // such a call to another engine, so a function that ran must not
+            // be able to claim it).
+            let kind = match ErrorKind::from_code(h.error_kind) {
+                Some(ErrorKind::NotFound) | None => ErrorKind::FunctionError,
+                Some(k) => k,
+            };
             Outcome::Err(kind, String::from_utf8_lossy(&text).into_owned())
         };
         let now = sys::clock::monotonic_ns();
@@ -573,17 +580,22 @@ impl IoThread {
     fn forward(&mut self, h: &Header, m: &Message, mut out: OutCall) -> Result<(), (ErrorKind, String)> {
         let name = out.callee.clone();
         let now_us = sys::clock::unix_us();
-        // What is left of the caller's deadline travels (the servers'
-        // clocks may differ); 0 leaves the callee its own timeout.
+        // The deadline is the worker's word: no later than the longest
+        // timeout any function may have from now (a callee's engine cuts
+        // it to the callee's own).
+        let latest_us = now_us.saturating_add(api::spec::TIMEOUT_MAX_MS * 1000);
+        let deadline_us = if h.deadline_us == 0 { latest_us } else { h.deadline_us.min(latest_us) };
+        if deadline_us <= now_us {
+            return Err((ErrorKind::Timeout, "the caller's deadline has already passed".into()));
+        }
+        // What is left of it travels (the servers' clocks may differ); 0
+        // leaves the callee its own timeout.
         let timeout_ms = if h.deadline_us == 0 {
             0
-        } else if h.deadline_us <= now_us {
-            return Err((ErrorKind::Timeout, "the caller's deadline has already passed".into()));
         } else {
-            u32::try_from((h.deadline_us - now_us).div_ceil(1000)).unwrap_or(u32::MAX)
+            u32::try_from((deadline_us - now_us).div_ceil(1000)).unwrap_or(u32::MAX)
         };
-        out.give_up_us = if h.deadline_us == 0 { now_us + api::spec::TIMEOUT_MAX_MS * 1000 } else { h.deadline_us }
-            + remote::ANSWER_SLACK_US;
+        out.give_up_us = deadline_us.saturating_add(remote::ANSWER_SLACK_US);
         let depth_max = self.shared.cfg.max_call_depth;
         let (depth, _, duplicate) = self.shared.ancestry(h.call_id, out.parent_call_id, None, depth_max);
         if depth >= depth_max {

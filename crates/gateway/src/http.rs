@@ -446,24 +446,29 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
             return error_resp(StatusCode::BAD_REQUEST, "bad_request", &msg, None);
         }
     }
+    // Every function is placed before any is deployed: one that cannot be
+    // refuses the whole manifest.
+    let table = sh.engines.snapshot();
+    if table.is_empty() {
+        let msg = "no engine has joined this gateway (start one with `staccato engine --join URL`)";
+        return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", msg, None);
+    }
+    let mut routes = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        match sh.placements.decide(spec, &table) {
+            Ok(r) => routes.push(r),
+            Err(e) => return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e.to_string(), None),
+        }
+    }
     let mut deployed = Vec::new();
     let mut notes = serde_json::Map::new();
     let mut placed = serde_json::Map::new();
-    for spec in specs {
+    for (spec, route) in specs.into_iter().zip(routes) {
         let archive = match sh.store.source(&spec.source) {
             Ok(a) => a,
             Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
         };
         let name = spec.name.clone();
-        let table = sh.engines.snapshot();
-        if table.is_empty() {
-            let msg = "no engine has joined this gateway (start one with `staccato engine --join URL`)";
-            return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", msg, None);
-        }
-        let route = match sh.placements.decide(&spec, &table) {
-            Ok(r) => r,
-            Err(e) => return error_resp(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", &e.to_string(), None),
-        };
         let (on, off): (Vec<Arc<Engine>>, Vec<Arc<Engine>>) =
             table.iter().cloned().partition(|e| route.as_ref().is_none_or(|r| r.serves(&e.id, &e.labels)));
         let mut said: Vec<String> = Vec::new();
@@ -482,16 +487,6 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
                 Err(err) => return control_error(&err),
             }
         }
-        // Engines it is no longer placed on drop the version they have.
-        for (e, answer) in to_engines(&off, ctl::Request::Unregister { name: name.clone() }, Vec::new()).await {
-            match answer {
-                Ok(_) => log::info!("function {name} left engine {}: it is no longer placed there", e.id),
-                Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => {}
-                Err(err) => {
-                    log::warn!("removing function {name} from engine {} it is no longer placed on: {err}", e.id)
-                }
-            }
-        }
         let chosen = route.as_ref().filter(|r| r.placement.engines > 0).map(|r| r.chosen.as_slice());
         if let Err(e) = sh.store.put(&spec, chosen) {
             return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None);
@@ -504,7 +499,19 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
                 spec.placement.engines
             ));
         }
+        // Calls follow the new placement before the engines it left drop
+        // the version they have (dropped first, calls routed by the old
+        // placement would find it nowhere).
         sh.placements.set(&name, route);
+        for (e, answer) in to_engines(&off, ctl::Request::Unregister { name: name.clone() }, Vec::new()).await {
+            match answer {
+                Ok(_) => log::info!("function {name} left engine {}: it is no longer placed there", e.id),
+                Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => {}
+                Err(err) => {
+                    log::warn!("removing function {name} from engine {} it is no longer placed on: {err}", e.id)
+                }
+            }
+        }
         placed.insert(name.clone(), json!(on.iter().map(|e| e.id.as_str()).collect::<Vec<_>>()));
         if !said.is_empty() {
             notes.insert(name.clone(), json!(said.join("; ")));

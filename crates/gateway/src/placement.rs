@@ -12,6 +12,12 @@ use api::spec::{FunctionSpec, Placement};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// After a gateway starts, engines rejoin in any order within a renewal or
+/// two; until this has passed, none takes a function chosen for another
+/// (which is only late, not gone).
+pub const REJOIN_GRACE: Duration = Duration::from_millis(2 * api::cluster::LEASE_MS);
 
 /// Where one function with a placement runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +47,8 @@ pub struct Placements {
     /// Bumped at every change, so HTTP threads rebuild their routes.
     version: AtomicU64,
     store: Arc<Store>,
+    /// No claims before this (`REJOIN_GRACE` after start).
+    claims_from: Instant,
 }
 
 impl Placements {
@@ -54,7 +62,12 @@ impl Placements {
                 routes.insert(spec.name.clone(), Arc::new(Route { placement: spec.placement, chosen }));
             }
         }
-        Ok(Placements { routes: RwLock::new(routes), version: AtomicU64::new(1), store })
+        Ok(Placements {
+            routes: RwLock::new(routes),
+            version: AtomicU64::new(1),
+            store,
+            claims_from: Instant::now() + REJOIN_GRACE,
+        })
     }
 
     pub fn version(&self) -> u64 {
@@ -132,10 +145,16 @@ impl Placements {
     }
 
     /// A new engine joins: each function placed on fewer engines here than
-    /// it asks for, that the engine's labels admit, takes it too (before
-    /// the engine is restored, so it gets the function). `present`: the
-    /// engines in the table.
+    /// it asks for, that the engine's labels admit, takes it (before the
+    /// engine is restored, so it gets the function). It takes the place of
+    /// a chosen engine that is away, so no function is ever placed on more
+    /// engines than it asked for; and none is taken in the first
+    /// `REJOIN_GRACE` after the gateway starts, while engines rejoin.
+    /// `present`: the engines in the table.
     pub fn claim(&self, id: &str, labels: &BTreeMap<String, String>, present: &[&str]) {
+        if Instant::now() < self.claims_from {
+            return;
+        }
         let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
         let mut changed = false;
         for (name, r) in routes.iter_mut() {
@@ -147,6 +166,12 @@ impl Placements {
                 continue;
             }
             let mut next = (**r).clone();
+            if next.chosen.len() >= n {
+                // Full, so some chosen engine is away: this one replaces it.
+                if let Some(away) = next.chosen.iter().position(|c| !present.contains(&c.as_str())) {
+                    next.chosen.remove(away);
+                }
+            }
             next.chosen.push(id.to_string());
             if let Err(e) = self.store.set_placed(name, &next.chosen) {
                 log::error!("placing function {name} on engine {id}: {e}");
@@ -159,5 +184,56 @@ impl Placements {
         if changed {
             self.version.fetch_add(1, Ordering::AcqRel);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::spec::Runtime;
+
+    fn placed(n: u32) -> FunctionSpec {
+        FunctionSpec {
+            name: "f".into(),
+            runtime: Runtime::C,
+            handler: "x.c".into(),
+            source: format!("sha256:{}", "a".repeat(64)),
+            min_workers: 1,
+            max_workers: 2,
+            timeout_ms: 10,
+            max_queue: 1024,
+            env: Default::default(),
+            memory_bytes: 64 << 20,
+            pids: 32,
+            worker_mode: Default::default(),
+            cpu_shares: None,
+            placement: Placement { engines: n, labels: Default::default() },
+        }
+    }
+
+    /// Engines rejoining a restarted gateway in any order leave a function
+    /// where it was; later, a newcomer takes the place of an engine that is
+    /// away, and a function never runs on more engines than it asked for.
+    #[test]
+    fn claims_wait_for_rejoins_and_never_exceed_the_count() {
+        let dir = std::env::temp_dir().join(format!("staccato-placement-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let store = Arc::new(Store::open(&dir.join("db.redb")).expect("store"));
+        store.put(&placed(1), Some(&["e1".to_string()])).expect("put");
+        let p = Placements::load(store.clone()).expect("load");
+        let none = BTreeMap::new();
+        // Just restarted: e2 rejoins first, e1 is not back yet.
+        p.claim("e2", &none, &[]);
+        assert_eq!(p.snapshot()["f"].chosen, vec!["e1".to_string()]);
+        let p = Placements { claims_from: Instant::now(), ..Placements::load(store.clone()).expect("load") };
+        // e1 is here: nothing to take.
+        p.claim("e2", &none, &["e1"]);
+        assert_eq!(p.snapshot()["f"].chosen, vec!["e1".to_string()]);
+        // e1 is away for good: e3 takes its place, and the store says so.
+        p.claim("e3", &none, &["e2"]);
+        assert_eq!(p.snapshot()["f"].chosen, vec!["e3".to_string()]);
+        assert_eq!(store.placements().expect("placements")[0].1, vec!["e3".to_string()]);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
