@@ -14,6 +14,9 @@ command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# Several gateways share their functions through etcd (issue 11); the tests
+# and scripts/etcd.sh start it on loopback.
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> apt-get install ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi

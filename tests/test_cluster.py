@@ -29,9 +29,10 @@ ENGINE_TOKEN = "engine-secret-" + secrets.token_hex(8)
 
 
 class EngineProc:
-    """One `staccato engine --join` process."""
+    """One `staccato engine --join` process (of one gateway port, or several)."""
 
     def __init__(self, root, gport, name, extra=()):
+        gports = gport if isinstance(gport, (list, tuple)) else [gport]
         self.port = free_port()
         self.dir = Path(root) / name
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -40,7 +41,7 @@ class EngineProc:
         self.id = f"127.0.0.1:{self.port}"
         self.argv = [str(BIN), "engine", "--engine-listen", self.id, "--state-dir", str(self.dir / "state"),
                      "--ipc-dir", str(self.ipc), "--isolation", "process", "--engine-token", ENGINE_TOKEN,
-                     "--join", f"http://127.0.0.1:{gport}", "--token", TOKEN, *extra]
+                     *[a for g in gports for a in ("--join", f"http://127.0.0.1:{g}")], "--token", TOKEN, *extra]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=clean_env(), cwd=REPO)
@@ -399,6 +400,44 @@ def test_an_engine_that_goes_silent_is_passed_over_within_a_second(gw):
     with ThreadPoolExecutor(8) as ex:
         seen = set(ex.map(lambda i: served_by(gw.invoke("sleepy", b"x")), range(64)))
     assert victim.id in seen, seen
+
+
+def row(gw, engine_id):
+    return next((e for e in table(gw) if e["id"] == engine_id), None)
+
+
+def test_an_engine_away_while_its_function_moved_drops_it_on_return(gw):
+    """A function placed by label on engine 2 moves to engine 1 while
+    engine 2 is stopped and out of the table, so nobody tells it. When it
+    comes back, the gateway's reconciliation unregisters the stale copy
+    before the engine counts as ready (left there, its own callers would
+    keep calling it: a local callee always wins)."""
+    victim, other = gw.engine_procs[2], gw.engine_procs[1]
+    manifest = gw.root / "roamer.yml"
+
+    def deploy(host):
+        manifest.write_text(
+            f"functions:\n  roamer:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n"
+            f"    placement: {{labels: {{host: {host}}}}}\n")
+        out = gw.cli("deploy", str(manifest), timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+    deploy("engine2")
+    assert wait_for(lambda: "roamer" in row(gw, victim.id)["functions"], timeout=5), row(gw, victim.id)
+    assert "roamer" not in row(gw, other.id)["functions"]
+    try:
+        victim.proc.send_signal(signal.SIGSTOP)
+        assert wait_for(lambda: row(gw, victim.id) is None, timeout=10), table(gw)
+        deploy("engine1")
+        assert served_by(gw.invoke("roamer", b"r")) == other.id
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    assert wait_for(lambda: victim.id in ready(gw), timeout=20), table(gw)
+    back = row(gw, victim.id)
+    assert "roamer" not in back["functions"] and "echo" in back["functions"], back
+    assert wait_for(lambda: "roamer" in row(gw, other.id)["functions"], timeout=5), row(gw, other.id)
+    assert "function roamer left an engine it is no longer placed on" in gw.log_tail(400)
+    assert gw.cli("rm", "roamer").returncode == 0
 
 
 def test_a_killed_engine_is_dropped_and_no_call_is_lost(gw):

@@ -107,6 +107,9 @@ pub struct EngineRow {
     /// Internal calls it sent to this gateway for another engine to run.
     #[serde(default)]
     pub forwarded: u64,
+    /// The functions it runs, at its last status (every 200 ms).
+    #[serde(default)]
+    pub functions: Vec<String>,
 }
 
 /// Whether `id` may name an engine.

@@ -113,6 +113,12 @@ impl Refusal {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FunctionStatus {
     pub name: String,
+    /// The fingerprint of the spec it runs (`FunctionSpec::fingerprint`).
+    #[serde(default)]
+    pub spec: String,
+    /// Milliseconds since this version was registered.
+    #[serde(default)]
+    pub age_ms: u64,
     pub runtime: String,
     pub container: Option<ContainerStatus>,
     pub launcher: LauncherState,

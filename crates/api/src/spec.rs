@@ -170,6 +170,13 @@ pub const QUEUE_MAX: u32 = 65_536;
 pub const WORKERS_MAX: u32 = 256;
 
 impl FunctionSpec {
+    /// A digest of the whole spec (its JSON form): two specs have the same
+    /// fingerprint exactly when they are equal. Engines report it in their
+    /// status, so a gateway can tell which version of a function one runs.
+    pub fn fingerprint(&self) -> String {
+        crate::archive::digest(&serde_json::to_vec(self).expect("a spec serializes"))
+    }
+
     /// The handler with the runtime's default filled in.
     pub fn handler_or_default(&self) -> String {
         match (self.handler.is_empty(), self.runtime) {

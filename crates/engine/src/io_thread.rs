@@ -763,7 +763,11 @@ impl IoThread {
             // could wait for ever, so it goes first and beyond τ, as a
             // nested call here does (scheduler module doc).
             rec.nested = true;
-            self.shared.remote.came_in(fh.call_id, origin_id, parent);
+            // Not for an id in flight here (submit refuses it): its shown
+            // ids would be the other call's.
+            if !self.shared.calls.contains(fh.call_id) {
+                self.shared.remote.came_in(fh.call_id, origin_id, parent);
+            }
         }
         self.submit(fh.call_id, rec);
     }

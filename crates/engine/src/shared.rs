@@ -32,6 +32,8 @@ pub(crate) struct Function {
     pub deps: crate::code::Deps,
     /// Its stdout and stderr (one stream per name, shared by generations).
     pub log: Arc<sandbox::logs::Stream>,
+    /// When this version was built and registered.
+    pub registered: Instant,
     pub core: Mutex<FnCore>,
 }
 
@@ -782,6 +784,8 @@ impl Shared {
                 });
                 FunctionStatus {
                     name: f.spec.name.clone(),
+                    spec: f.spec.fingerprint(),
+                    age_ms: f.registered.elapsed().as_millis() as u64,
                     runtime: f.spec.runtime.name().to_string(),
                     container,
                     launcher: core.launcher.state,

@@ -223,6 +223,7 @@ impl Supervisor {
             log,
             code_dir: b.code_dir,
             deps,
+            registered: Instant::now(),
             core: Mutex::new(FnCore {
                 sched: Scheduler::new(spec.min_workers, spec.max_workers, cfg.ema_alpha),
                 workers: HashMap::new(),

@@ -187,6 +187,7 @@ impl Engines {
                 joined_unix_ms: e.joined_unix_ms,
                 labels: e.labels.clone(),
                 forwarded: e.forwarded.load(Ordering::Relaxed),
+                functions: e.control.serving(),
             })
             .collect()
     }

@@ -69,16 +69,14 @@ pub struct ControlClient {
     tx: mpsc::Sender<Job>,
     addr: SocketAddr,
     secret: api::auth::Secret,
-    /// Connected, and every stored function re-registered since.
-    restored: Arc<AtomicBool>,
-    /// Connected (perhaps still restoring).
-    connected: Arc<AtomicBool>,
+    flags: Arc<Flags>,
 }
 
 impl ControlClient {
-    /// Starts the control thread. On every (re)connection it re-registers
-    /// the stored functions placed on the engine that it does not have: an
-    /// engine that restarted comes back with everything deployed.
+    /// Starts the control thread. On every (re)connection, and then every
+    /// `RECONCILE_EVERY` or when [`ControlClient::nudge`]d, it brings the
+    /// engine in line with the store (see [`reconcile`]): an engine that
+    /// restarted comes back with everything placed on it.
     pub fn start(
         addr: SocketAddr,
         secret: api::auth::Secret,
@@ -86,24 +84,33 @@ impl ControlClient {
         placed_here: PlacedHere,
     ) -> ControlClient {
         let (tx, rx) = mpsc::channel::<Job>();
-        let restored = Arc::new(AtomicBool::new(false));
-        let connected = Arc::new(AtomicBool::new(false));
-        let flags = Flags { restored: restored.clone(), connected: connected.clone() };
-        let s = secret.clone();
+        let flags = Arc::new(Flags::default());
+        let (s, f) = (secret.clone(), flags.clone());
         std::thread::Builder::new()
             .name("gateway-control".into())
-            .spawn(move || control_thread(addr, s, (store, placed_here), rx, flags))
+            .spawn(move || control_thread(addr, s, (store, placed_here), rx, &f))
             .expect("spawning the control thread");
-        ControlClient { tx, addr, secret, restored, connected }
+        ControlClient { tx, addr, secret, flags }
     }
 
     /// Whether the engine has every stored function (as far as we know).
     pub fn restored(&self) -> bool {
-        self.restored.load(Ordering::Acquire)
+        self.flags.restored.load(Ordering::Acquire)
     }
 
     pub fn connected(&self) -> bool {
-        self.connected.load(Ordering::Acquire)
+        self.flags.connected.load(Ordering::Acquire)
+    }
+
+    /// The functions the engine said it runs, at its last status (at most
+    /// `HEARTBEAT` ago while connected).
+    pub fn serving(&self) -> Vec<String> {
+        self.flags.serving.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Asks for a reconciliation soon (the store changed).
+    pub fn nudge(&self) {
+        self.flags.stale.store(true, Ordering::Release);
     }
 
     pub async fn request(&self, req: Request) -> Result<Reply, ControlError> {
@@ -133,11 +140,22 @@ impl ControlClient {
     }
 }
 
-/// What the control thread tells the rest of the gateway.
+/// What the control thread and the rest of the gateway tell each other.
+#[derive(Default)]
 struct Flags {
-    restored: Arc<AtomicBool>,
-    connected: Arc<AtomicBool>,
+    /// Connected, and reconciled with the store since.
+    restored: AtomicBool,
+    /// Connected (perhaps still restoring).
+    connected: AtomicBool,
+    /// The store changed: reconcile at the next heartbeat.
+    stale: AtomicBool,
+    serving: std::sync::Mutex<Vec<String>>,
 }
+
+/// How often a connected engine is reconciled with the store when nothing
+/// asked for it sooner (a change another gateway made to a shared store is
+/// seen by then at the latest).
+const RECONCILE_EVERY: Duration = Duration::from_secs(2);
 
 /// Runs until its `ControlClient` is dropped (the engine left the table).
 fn control_thread(
@@ -145,15 +163,19 @@ fn control_thread(
     secret: api::auth::Secret,
     (store, placed_here): (Arc<Store>, PlacedHere),
     rx: mpsc::Receiver<Job>,
-    flags: Flags,
+    flags: &Flags,
 ) {
-    let Flags { restored, connected } = flags;
     let mut conn: Option<TcpStream> = None;
     let mut last_error = String::new();
+    let mut reconciled = std::time::Instant::now();
+    // Registrations that failed on this connection (stored fingerprints).
+    let mut failed = std::collections::HashSet::new();
+    let set_serving = |names: Vec<String>| *flags.serving.lock().unwrap_or_else(|p| p.into_inner()) = names;
     loop {
-        connected.store(conn.is_some(), Ordering::Release);
+        flags.connected.store(conn.is_some(), Ordering::Release);
         if conn.is_none() {
-            restored.store(false, Ordering::Release);
+            flags.restored.store(false, Ordering::Release);
+            set_serving(Vec::new());
             conn = match connect(addr, &secret) {
                 Ok(c) => Some(c),
                 Err(e) => {
@@ -167,12 +189,18 @@ fn control_thread(
                 }
             };
             if let Some(c) = conn.as_mut() {
-                connected.store(true, Ordering::Release);
+                flags.connected.store(true, Ordering::Release);
                 last_error.clear();
-                match restore(c, &store, &placed_here) {
-                    Ok(()) => restored.store(true, Ordering::Release),
+                flags.stale.store(false, Ordering::Release);
+                failed.clear();
+                match reconcile(c, &store, &placed_here, &mut failed) {
+                    Ok(names) => {
+                        set_serving(names);
+                        reconciled = std::time::Instant::now();
+                        flags.restored.store(true, Ordering::Release);
+                    }
                     Err(e) => {
-                        log::error!("restoring functions: {e}");
+                        log::error!("restoring functions on engine {addr}: {e}");
                         conn = None;
                     }
                 }
@@ -182,14 +210,24 @@ fn control_thread(
             Ok(r) => r,
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                // Heartbeat: notice an engine that restarted (and lost its
-                // functions) even when nobody is deploying.
-                if let Some(c) = conn.as_mut() {
-                    if let Err(ControlError::Broken(_)) = roundtrip(c, &Request::Status, &[]) {
-                        conn = None;
-                    }
-                } else {
+                let Some(c) = conn.as_mut() else {
                     std::thread::sleep(HEARTBEAT);
+                    continue;
+                };
+                // Heartbeat: notice an engine that restarted (and lost its
+                // functions) even when nobody is deploying; now and then,
+                // or when the store changed, reconcile it with the store.
+                let due = reconciled.elapsed() >= RECONCILE_EVERY || flags.stale.swap(false, Ordering::AcqRel);
+                let result = if due {
+                    reconciled = std::time::Instant::now();
+                    reconcile(c, &store, &placed_here, &mut failed)
+                } else {
+                    status_names(c)
+                };
+                match result {
+                    Ok(names) => set_serving(names),
+                    Err(ControlError::Broken(_)) => conn = None,
+                    Err(e) => log::warn!("reconciling engine {addr} with the store: {e}"),
                 }
                 continue;
             }
@@ -218,30 +256,99 @@ fn connect(addr: SocketAddr, secret: &api::auth::Secret) -> Result<TcpStream, ap
     Ok(s)
 }
 
-fn restore(c: &mut TcpStream, store: &Store, placed_here: &PlacedHere) -> Result<(), ControlError> {
-    let have: Vec<String> = match roundtrip(c, &Request::Status, &[])? {
-        Reply::Status { functions } => functions.into_iter().map(|f| f.name).collect(),
-        other => return Err(ControlError::Broken(format!("a status request was answered {other:?}"))),
-    };
-    let specs = store.list().map_err(|e| ControlError::Refused(Refusal::new(RefusalKind::Internal, e.to_string())))?;
+/// One function as an engine runs it.
+struct Running {
+    name: String,
+    /// Its spec's fingerprint.
+    spec: String,
+    /// When it was registered (Unix ms, by this gateway's clock).
+    since_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The engine's functions.
+fn status(c: &mut TcpStream) -> Result<Vec<Running>, ControlError> {
+    let now = unix_ms();
+    match roundtrip(c, &Request::Status, &[])? {
+        Reply::Status { functions } => Ok(functions
+            .into_iter()
+            .map(|f| Running { name: f.name, spec: f.spec, since_ms: now.saturating_sub(f.age_ms) })
+            .collect()),
+        other => Err(ControlError::Broken(format!("a status request was answered {other:?}"))),
+    }
+}
+
+fn status_names(c: &mut TcpStream) -> Result<Vec<String>, ControlError> {
+    Ok(status(c)?.into_iter().map(|f| f.name).collect())
+}
+
+/// Brings the engine in line with the store; returns the functions it runs
+/// after. For each stored function, the engine's copy is *current* (the
+/// stored spec), *stale* (another spec, registered before the stored one
+/// was stored: the engine was away when it was deployed again), or *newer*
+/// (another spec registered since: a deploy is under way, which registers
+/// on the engines first and stores after).
+/// - Placed on the engine: registered when missing or stale (an engine that
+///   restarted, joined late, or was away).
+/// - Not placed on it: unregistered when current or stale (it was away when
+///   the function moved, or another engine took its place while it was
+///   away). Left there, its own callers would keep calling that copy: a
+///   local callee always wins.
+///
+/// A newer copy, and a function the store does not have, are left alone:
+/// either may be a deploy under way. A registration that fails is not
+/// tried again on this connection until the stored spec changes
+/// (`failed`), so a build that fails is not rerun every few seconds.
+fn reconcile(
+    c: &mut TcpStream,
+    store: &Store,
+    placed_here: &PlacedHere,
+    failed: &mut std::collections::HashSet<String>,
+) -> Result<Vec<String>, ControlError> {
+    let internal =
+        |e: crate::store::StoreError| ControlError::Refused(Refusal::new(RefusalKind::Internal, e.to_string()));
+    let have = status(c)?;
+    let mut serving: Vec<String> = have.iter().map(|f| f.name.clone()).collect();
+    let specs = store.list().map_err(internal)?;
+    let stamps = store.stored_at().map_err(internal)?;
     for listed in specs {
-        if have.contains(&listed.name) || !placed_here(&listed.name) {
-            continue;
+        let name = listed.name.clone();
+        let fingerprint = listed.fingerprint();
+        let stored_ms = stamps.get(&name).copied().unwrap_or(0);
+        let copy = have.iter().find(|f| f.name == name);
+        let stale = copy.is_some_and(|f| copy_is(f, &fingerprint, stored_ms) == Held::Stale);
+        match todo(placed_here(&name), copy.map(|f| copy_is(f, &fingerprint, stored_ms))) {
+            Todo::Nothing => continue,
+            Todo::Unregister => {
+                match roundtrip(c, &Request::Unregister { name: name.clone() }, &[]) {
+                    Ok(_) => {
+                        log::info!("function {name} left an engine it is no longer placed on");
+                        serving.retain(|n| *n != name);
+                    }
+                    Err(e @ ControlError::Broken(_)) => return Err(e),
+                    Err(e) => log::warn!("removing function {name} from an engine it is not placed on: {e}"),
+                }
+                continue;
+            }
+            Todo::Register if failed.contains(&fingerprint) => continue,
+            Todo::Register => {}
         }
         // Deployed again or removed since the list was read: the store now.
-        let spec = match store.get(&listed.name) {
-            Ok(Some(spec)) => spec,
-            Ok(None) => continue,
-            Err(e) => return Err(ControlError::Refused(Refusal::new(RefusalKind::Internal, e.to_string()))),
+        let spec = match store.get(&name).map_err(internal)? {
+            Some(spec) => spec,
+            None => continue,
         };
         let archive = match store.source(&spec.source) {
             Ok(a) => a,
             Err(e) => {
-                log::error!("restoring function {}: {e} (deploy it again)", spec.name);
+                log::error!("restoring function {name}: {e} (deploy it again)");
+                failed.insert(fingerprint);
                 continue;
             }
         };
-        let name = spec.name.clone();
         let req = Request::Register { spec };
         // A busy engine (building as many deploys as it may) is asked again.
         let mut answer = roundtrip(c, &req, &archive);
@@ -255,12 +362,59 @@ fn restore(c: &mut TcpStream, store: &Store, placed_here: &PlacedHere) -> Result
             }
         }
         match answer {
-            Ok(_) => log::info!("restored function {name}"),
+            Ok(_) => {
+                log::info!("restored function {name}{}", if stale { " (it ran an older version)" } else { "" });
+                if !stale {
+                    serving.push(name);
+                }
+            }
             Err(e @ ControlError::Broken(_)) => return Err(e),
-            Err(e) => log::error!("restoring function {name}: {e}"),
+            Err(e) => {
+                log::error!("restoring function {name}: {e}");
+                failed.insert(fingerprint);
+            }
         }
     }
-    Ok(())
+    serving.sort();
+    Ok(serving)
+}
+
+/// What an engine's copy of a stored function is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// The stored spec.
+    Current,
+    /// Another spec, registered before the stored one was stored.
+    Stale,
+    /// Another spec, registered since: a deploy under way, perhaps.
+    Newer,
+}
+
+fn copy_is(f: &Running, stored_fingerprint: &str, stored_ms: u64) -> Held {
+    if f.spec == stored_fingerprint {
+        Held::Current
+    } else if f.since_ms < stored_ms {
+        Held::Stale
+    } else {
+        Held::Newer
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Todo {
+    Nothing,
+    Register,
+    Unregister,
+}
+
+/// What reconciliation does about one stored function on one engine
+/// (`placed`: placed on it; `copy`: what it runs, if anything).
+fn todo(placed: bool, copy: Option<Held>) -> Todo {
+    match (placed, copy) {
+        (true, None | Some(Held::Stale)) => Todo::Register,
+        (false, Some(Held::Current | Held::Stale)) => Todo::Unregister,
+        _ => Todo::Nothing,
+    }
 }
 
 /// How often a restore asks a busy engine again, half a second apart.
@@ -272,4 +426,29 @@ fn roundtrip(c: &mut TcpStream, req: &Request, attachment: &[u8]) -> Result<Repl
     let broken = |e: LinkBroken| ControlError::Broken(e.to_string());
     control::write_request(c, req, attachment).map_err(|e| broken(e.into()))?;
     control::read_answer(c).map_err(broken)?.map_err(ControlError::Refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconciliation_never_undoes_a_deploy_under_way() {
+        let running = |spec: &str, since_ms| Running { name: "f".into(), spec: spec.into(), since_ms };
+        // Stored at t=1000 as "v2".
+        assert_eq!(copy_is(&running("v2", 500), "v2", 1000), Held::Current);
+        assert_eq!(copy_is(&running("v1", 500), "v2", 1000), Held::Stale);
+        assert_eq!(copy_is(&running("v3", 1500), "v2", 1000), Held::Newer);
+        // Placed here: missing or stale is registered; current or newer kept.
+        assert_eq!(todo(true, None), Todo::Register);
+        assert_eq!(todo(true, Some(Held::Stale)), Todo::Register);
+        assert_eq!(todo(true, Some(Held::Current)), Todo::Nothing);
+        assert_eq!(todo(true, Some(Held::Newer)), Todo::Nothing);
+        // Not placed here: current or stale goes; newer (a deploy moving it
+        // here, not stored yet) stays; nothing to do when it is not there.
+        assert_eq!(todo(false, Some(Held::Current)), Todo::Unregister);
+        assert_eq!(todo(false, Some(Held::Stale)), Todo::Unregister);
+        assert_eq!(todo(false, Some(Held::Newer)), Todo::Nothing);
+        assert_eq!(todo(false, None), Todo::Nothing);
+    }
 }

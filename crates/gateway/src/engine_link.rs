@@ -60,6 +60,9 @@ pub struct EngineLink {
     pub forwards_waiting: Cell<u32>,
     /// When the engine last sent anything on this connection.
     last_heard: Cell<Instant>,
+    /// When the flusher last got some of `out` into the kernel: with a
+    /// backlog, the peer is taking our bytes (acknowledging them).
+    last_progress: Cell<Instant>,
     /// Bytes taken from the front of `out` since the connection opened.
     out_taken: Cell<u64>,
     /// Calls whose frame is not wholly out of `out` yet: id, and where in
@@ -86,6 +89,7 @@ impl EngineLink {
             forwards,
             forwards_waiting: Cell::new(0),
             last_heard: Cell::new(Instant::now()),
+            last_progress: Cell::new(Instant::now()),
             out_taken: Cell::new(0),
             unsent: RefCell::new(std::collections::VecDeque::new()),
         });
@@ -204,7 +208,12 @@ impl EngineLink {
                     log::info!("gateway thread {}: connected to engine {}", self.thread, self.addr);
                     let flusher = tokio::task::spawn_local(self.clone().flusher(s.clone()));
                     self.last_heard.set(Instant::now());
+                    self.last_progress.set(Instant::now());
+                    // Biased: what the engine sent is read before the
+                    // heartbeat looks at how long ago it last sent anything
+                    // (after this thread stalled, its pongs may be waiting).
                     tokio::select! {
+                        biased;
                         () = self.read_loop(&s) => {}
                         () = self.stop.notified() => {}
                         () = self.heartbeat() => {
@@ -261,16 +270,24 @@ impl EngineLink {
         TcpStream::from_std(s)
     }
 
-    /// Pings the engine every `PING_EVERY_MS`; returns once it has sent
-    /// nothing for `SILENCE_MAX_MS` (any frame counts, so a busy link is
-    /// never taken for a dead one).
+    /// Pings the engine every `PING_EVERY_MS`; returns once the link has
+    /// shown no sign of life for `SILENCE_MAX_MS`. Signs of life: any byte
+    /// from the engine, or, while frames wait to be written, the kernel
+    /// taking more of them (the engine is acknowledging; our ping may be
+    /// queued behind a large call and not have reached it yet).
     async fn heartbeat(&self) {
         let every = Duration::from_millis(wire::frame::PING_EVERY_MS);
         let silence = Duration::from_millis(wire::frame::SILENCE_MAX_MS);
         let mut seq = 0u64;
+        let mut last_tick = Instant::now();
         loop {
             tokio::time::sleep(every).await;
-            if self.last_heard.get().elapsed() > silence {
+            // A tick that came late says this thread stalled, not that the
+            // engine did: what it sent meanwhile is read first.
+            let late = last_tick.elapsed() > 2 * every;
+            last_tick = Instant::now();
+            let writing = !self.out.borrow().is_empty() && self.last_progress.get().elapsed() <= silence;
+            if !late && !writing && self.last_heard.get().elapsed() > silence {
                 return;
             }
             seq += 1;
@@ -288,6 +305,9 @@ impl EngineLink {
                 let mut out = self.out.borrow_mut();
                 match s.try_write(&out) {
                     Ok(n) => {
+                        if n > 0 {
+                            self.last_progress.set(Instant::now());
+                        }
                         out.drain(..n);
                         let taken = self.out_taken.get() + n as u64;
                         self.out_taken.set(taken);
@@ -434,5 +454,60 @@ mod tests {
         });
         let _ = done_tx.send(());
         engine.join().expect("engine thread");
+    }
+
+    /// An engine that is alive but slow to take a large call (it reads at
+    /// 8 MiB/s and sends nothing, so the ping sits behind the call's
+    /// frame): the link stays up while the engine takes bytes, however
+    /// long that lasts, and is dropped only once it stops taking them.
+    #[test]
+    fn an_engine_taking_a_large_call_slowly_is_not_taken_for_dead() {
+        let secret = api::auth::Secret::new("a-test-secret").expect("secret");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let engine_secret = secret.clone();
+        let engine = std::thread::spawn(move || {
+            use std::io::Read;
+            let (mut c, _) = listener.accept().expect("accept");
+            api::link::engine(&mut c, &engine_secret).expect("handshake");
+            let mut chunk = vec![0u8; 256 << 10];
+            let mut taken = 0usize;
+            while taken < (32 << 20) {
+                match c.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => taken += n,
+                }
+                std::thread::sleep(Duration::from_millis(31));
+            }
+            // Then silent, holding the connection, until the gateway drops it.
+            let _ = c.read(&mut chunk);
+            taken
+        });
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let local = tokio::task::LocalSet::new();
+        local.block_on(&rt, async move {
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let link = EngineLink::start(addr, secret, 0, tx);
+            for _ in 0..200 {
+                if link.is_up() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(link.is_up(), "the link never came up");
+            let l = link.clone();
+            let t0 = Instant::now();
+            let call = tokio::task::spawn_local(async move { l.call(1, 0, "f", &vec![7u8; 24 << 20]).await });
+            let silence = Duration::from_millis(wire::frame::SILENCE_MAX_MS);
+            tokio::time::sleep(2 * silence).await;
+            assert!(link.is_up(), "a link whose engine was taking bytes was closed after {:?}", t0.elapsed());
+            let reply = call.await.expect("call");
+            // Its frame left whole, so it may have started: not Unsent.
+            assert!(matches!(reply, Reply::Err(ErrorKind::EngineUnavailable, _, _)), "the call");
+            assert!(!link.is_up());
+            link.close();
+        });
+        let taken = engine.join().expect("engine thread");
+        assert!(taken >= 24 << 20, "the engine took {taken} bytes, less than the call's frame");
     }
 }

@@ -44,7 +44,9 @@ async fn send_on(sh: &GwShared, th: &ThreadState, f: &Forwarded) -> Reply {
     let hop = th.next_call_id();
     let (timeout_ms, depth) = (f.header.call_timeout_ms(), f.header.forward_depth());
     let sent = th
-        .send_call(sh, name, from.as_ref(), |to| async move { to.link.forward(hop, timeout_ms, depth, &parts).await })
+        .send_call(sh, name, (from.as_ref(), timeout_ms), |to, left_ms| async move {
+            to.link.forward(hop, left_ms, depth, &parts).await
+        })
         .await;
     match sent {
         Some((Reply::Unsent, _)) => err(

@@ -136,9 +136,9 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                 // Counted in its engine's calls in flight until answered, or
                 // until the client goes away (the future is dropped).
                 let sent = th
-                    .send_call(sh, name, None, |l| {
+                    .send_call(sh, name, (None, timeout_ms), |l, left_ms| {
                         let input = &input;
-                        async move { l.link.call(call_id, timeout_ms, name, input).await }
+                        async move { l.link.call(call_id, left_ms, name, input).await }
                     })
                     .await;
                 let reply = match sent {
@@ -242,13 +242,11 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
             }
             upload_source(sh, req).await
         }
-        (&Method::GET, ["sources", digest]) => {
-            if sh.store.has_source(digest) {
-                json_resp(StatusCode::OK, &json!({ "digest": digest }))
-            } else {
-                error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no source {digest:?}"), None)
-            }
-        }
+        (&Method::GET, ["sources", digest]) => match sh.store.has_source(digest) {
+            Ok(true) => json_resp(StatusCode::OK, &json!({ "digest": digest })),
+            Ok(false) => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no source {digest:?}"), None),
+            Err(e) => store_error(&e),
+        },
         (&Method::DELETE, ["functions", name]) => remove(sh, name).await,
         (&Method::GET, ["trace"]) => {
             let (function, limit) = inputs::trace_query(&query);
@@ -354,7 +352,7 @@ async fn to_engines(
 async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
     let specs = match sh.store.list() {
         Ok(s) => s,
-        Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
+        Err(e) => return store_error(&e),
     };
     // Each function's status on each engine that runs it; without engines,
     // the stored functions are listed with no status.
@@ -417,7 +415,7 @@ async fn upload_source(sh: &Arc<GwShared>, req: Request<Incoming>) -> Resp {
     let sh2 = sh.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let summary = api::archive::check(&body, &limits).map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
-        let digest = sh2.store.put_source(&body).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let digest = sh2.store.put_source(&body).map_err(|e| (store_status(&e), e.to_string()))?;
         Ok::<_, (StatusCode, String)>((digest, summary))
     })
     .await;
@@ -426,7 +424,11 @@ async fn upload_source(sh: &Arc<GwShared>, req: Request<Incoming>) -> Resp {
             json_resp(StatusCode::OK, &json!({ "digest": digest, "files": s.files, "dirs": s.dirs, "bytes": s.bytes }))
         }
         Ok(Err((status, msg))) => {
-            let kind = if status == StatusCode::BAD_REQUEST { "bad_request" } else { "internal" };
+            let kind = match status {
+                StatusCode::BAD_REQUEST => "bad_request",
+                StatusCode::SERVICE_UNAVAILABLE => "store_unavailable",
+                _ => "internal",
+            };
             error_resp(status, kind, &format!("source archive: {msg}"), None)
         }
         Err(e) => error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
@@ -440,7 +442,11 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e.to_string(), None),
     };
     for spec in &specs {
-        if !sh.store.has_source(&spec.source) {
+        let has = match sh.store.has_source(&spec.source) {
+            Ok(has) => has,
+            Err(e) => return store_error(&e),
+        };
+        if !has {
             let msg =
                 format!("function {}: source {} was not uploaded (POST /system/sources first)", spec.name, spec.source);
             return error_resp(StatusCode::BAD_REQUEST, "bad_request", &msg, None);
@@ -466,7 +472,7 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
     for (spec, route) in specs.into_iter().zip(routes) {
         let archive = match sh.store.source(&spec.source) {
             Ok(a) => a,
-            Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
+            Err(e) => return store_error(&e),
         };
         let name = spec.name.clone();
         let (on, off): (Vec<Arc<Engine>>, Vec<Arc<Engine>>) =
@@ -489,7 +495,7 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         }
         let chosen = route.as_ref().filter(|r| r.placement.engines > 0).map(|r| r.chosen.as_slice());
         if let Err(e) = sh.store.put(&spec, chosen) {
-            return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None);
+            return store_error(&e);
         }
         if let Some(ids) = chosen.filter(|ids| ids.len() < spec.placement.engines as usize) {
             said.push(format!(
@@ -535,7 +541,7 @@ fn prune_sources(sh: &GwShared) {
 async fn remove(sh: &GwShared, name: &str) -> Resp {
     let in_store = match sh.store.remove(name) {
         Ok(b) => b,
-        Err(e) => return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e.to_string(), None),
+        Err(e) => return store_error(&e),
     };
     sh.placements.remove(name);
     let mut in_engine = false;
@@ -587,6 +593,21 @@ pub fn json_resp(status: StatusCode, v: &Value) -> Resp {
 
 /// An error body. Every 503 (`overloaded`, `engine_unavailable`) is worth
 /// retrying and says when: `Retry-After: 1`.
+/// The status a store failure is answered with: an unreachable shared
+/// store is the cluster's outage (503, retryable), anything else ours.
+fn store_status(e: &crate::store::StoreError) -> StatusCode {
+    match e {
+        crate::store::StoreError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn store_error(e: &crate::store::StoreError) -> Resp {
+    let status = store_status(e);
+    let kind = if status == StatusCode::SERVICE_UNAVAILABLE { "store_unavailable" } else { "internal" };
+    error_resp(status, kind, &e.to_string(), None)
+}
+
 pub fn error_resp(status: StatusCode, kind: &str, message: &str, call_id: Option<&str>) -> Resp {
     let mut r = json_resp(status, &json!({"error": {"kind": kind, "message": message, "call_id": call_id}}));
     if status == StatusCode::SERVICE_UNAVAILABLE {

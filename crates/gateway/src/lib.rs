@@ -18,6 +18,7 @@
 pub mod cluster;
 mod control;
 mod engine_link;
+mod etcd;
 mod forward;
 pub mod http;
 pub mod inputs;
@@ -61,6 +62,8 @@ pub struct GatewayConfig {
     /// A connection that sends no complete request head for this long is
     /// closed: idle between requests, or sending its headers too slowly.
     pub idle_timeout: std::time::Duration,
+    /// The shared store (`etcd://...`), or `None`: the embedded one.
+    pub store_url: Option<String>,
 }
 
 /// Connections served beyond `connections_max`, for management only: an
@@ -161,25 +164,33 @@ impl ThreadState {
     /// Sends a call of `name` (`send`) to the engine `pick` gives;
     /// if that engine cannot have started it (its frame never left, or it
     /// does not have the function yet: it is being restored), once more to
-    /// another. The last answer and the engine that gave it; `None` if no
-    /// engine was ready.
+    /// another, with what is left of `timeout_ms` (0: the function's own
+    /// timeout; a call whose time ran out is not sent again). The last
+    /// answer and the engine that gave it; `None` if no engine was ready.
     pub async fn send_call<F, Fut>(
         &self,
         sh: &GwShared,
         name: &str,
-        except: Option<&Arc<Engine>>,
+        (except, timeout_ms): (Option<&Arc<Engine>>, u32),
         send: F,
     ) -> Option<(engine_link::Reply, Arc<Engine>)>
     where
-        F: Fn(Link) -> Fut,
+        F: Fn(Link, u32) -> Fut,
         Fut: std::future::Future<Output = engine_link::Reply>,
     {
         use engine_link::Reply;
+        let started = std::time::Instant::now();
         let first = self.pick(sh, name, except.as_slice())?;
         let engine = first.engine.clone();
         let reply = {
             let _counted = cluster::InFlight::new(&engine);
-            send(first).await
+            send(first, timeout_ms).await
+        };
+        // What is left of the caller's time; a retry may come a second
+        // after the first try (a link found dead), and must not outlive it.
+        let left = match timeout_ms {
+            0 => Some(0),
+            t => u32::try_from(u128::from(t).saturating_sub(started.elapsed().as_millis())).ok().filter(|&l| l > 0),
         };
         let again = match &reply {
             Reply::Unsent => true,
@@ -189,7 +200,7 @@ impl ThreadState {
         // The second engine must be another one than the first (and the
         // caller's): a call is sent at most twice, and never twice to one
         // engine.
-        let other = if again {
+        let other = if again && left.is_some() {
             let mut not = except.as_slice().to_vec();
             not.push(&engine);
             self.pick(sh, name, &not)
@@ -205,7 +216,7 @@ impl ThreadState {
         let engine = second.engine.clone();
         let reply = {
             let _counted = cluster::InFlight::new(&engine);
-            send(second).await
+            send(second, left.unwrap_or(1)).await
         };
         Some((reply, engine))
     }
@@ -285,18 +296,68 @@ impl ThreadState {
     }
 }
 
+/// How often a shared store's revision is read.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// With a store other gateways write too: when its revision changes, reads
+/// the placements again and has every engine reconciled with it (a deploy
+/// through another gateway reaches the engines that joined only this one).
+/// While the store is unreachable, nothing changes here; it is said once.
+fn watch_store(store: Arc<Store>, placements: Arc<Placements>, engines: Arc<Engines>) {
+    if !matches!(store.revision(), Ok(Some(_))) {
+        return; // only this gateway writes it
+    }
+    let run = move || {
+        let mut seen = None;
+        let mut down = false;
+        loop {
+            std::thread::sleep(WATCH_EVERY);
+            let r = match store.revision() {
+                Ok(r) => r,
+                Err(e) => {
+                    if !std::mem::replace(&mut down, true) {
+                        log::error!("{e}");
+                    }
+                    continue;
+                }
+            };
+            if std::mem::replace(&mut down, false) {
+                log::info!("the shared function store is reachable again");
+            }
+            if r == seen {
+                continue;
+            }
+            match placements.reload() {
+                Ok(_) => {
+                    seen = r;
+                    for e in engines.snapshot().iter() {
+                        e.control.nudge();
+                    }
+                }
+                Err(e) => log::warn!("reading placements from the store: {e}"),
+            }
+        }
+    };
+    std::thread::Builder::new().name("gateway-store-watch".into()).spawn(run).expect("spawning the store watcher");
+}
+
 pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     if !cfg.listen.ip().is_loopback() && cfg.token.as_deref().is_none_or(str::is_empty) {
         return Err(GatewayError::NoToken(cfg.listen));
     }
     std::fs::create_dir_all(&cfg.state_dir)?;
-    let store = Arc::new(Store::open(&cfg.state_dir.join("functions.redb"))?);
+    let store = Arc::new(match &cfg.store_url {
+        None => Store::open(&cfg.state_dir.join("functions.redb"))?,
+        Some(url) => Store::with(Box::new(etcd::Etcd::connect(url)?), cfg.state_dir.join("sources"))?,
+    });
+    log::info!("function store: {}", store.describe());
     let placements = Arc::new(Placements::load(store.clone())?);
     let engines = Arc::new(Engines::new(store.clone(), placements.clone(), cfg.engine_secret.clone()));
     for addr in &cfg.engines {
         engines.add_static(*addr);
     }
     cluster::start_expiry(engines.clone());
+    watch_store(store.clone(), placements.clone(), engines.clone());
     let threads = cfg.threads.max(1);
     // Bind the first listener here so an address in use is reported to the
     // caller, and so port 0 resolves to one port every thread shares.

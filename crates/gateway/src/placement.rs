@@ -54,6 +54,15 @@ pub struct Placements {
 impl Placements {
     /// The routes of the stored functions.
     pub fn load(store: Arc<Store>) -> Result<Placements, StoreError> {
+        Ok(Placements {
+            routes: RwLock::new(Placements::read(&store)?),
+            version: AtomicU64::new(1),
+            store,
+            claims_from: Instant::now() + REJOIN_GRACE,
+        })
+    }
+
+    fn read(store: &Store) -> Result<HashMap<String, Arc<Route>>, StoreError> {
         let chosen: HashMap<String, Vec<String>> = store.placements()?.into_iter().collect();
         let mut routes = HashMap::new();
         for spec in store.list()? {
@@ -62,12 +71,20 @@ impl Placements {
                 routes.insert(spec.name.clone(), Arc::new(Route { placement: spec.placement, chosen }));
             }
         }
-        Ok(Placements {
-            routes: RwLock::new(routes),
-            version: AtomicU64::new(1),
-            store,
-            claims_from: Instant::now() + REJOIN_GRACE,
-        })
+        Ok(routes)
+    }
+
+    /// Reads every route again from the store (another gateway sharing it
+    /// changed it); true if any changed.
+    pub fn reload(&self) -> Result<bool, StoreError> {
+        let next = Placements::read(&self.store)?;
+        let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        if *routes == next {
+            return Ok(false);
+        }
+        *routes = next;
+        self.version.fetch_add(1, Ordering::AcqRel);
+        Ok(true)
     }
 
     pub fn version(&self) -> u64 {

@@ -1,21 +1,38 @@
-//! The gateway's embedded function store (redb): registered functions
-//! survive a restart of Staccato. Their source archives are files beside
-//! it (`sources/<hex>.tar.gz`), named by their digest and checked against
-//! it whenever they are read.
+//! The gateway's function store: registered functions survive a restart of
+//! Staccato. Their metadata (specs, placements, when each was stored) lives
+//! in a [`Meta`] backend: embedded (redb, one gateway: the default) or
+//! etcd (several gateways share it, `crate::etcd`). Source archives are
+//! files in the state directory (`sources/<hex>.tar.gz`), named by their
+//! digest and checked against it whenever they are read; with a shared
+//! backend they are kept there too, and a gateway that lacks one fetches
+//! it.
 
 use api::spec::FunctionSpec;
 use redb::{Database, ReadableTable, TableDefinition};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 const FUNCTIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("functions");
 /// The engines a function placed on some of them was given (JSON list of
 /// engine ids), for functions with `placement.engines` > 0 only.
 const PLACEMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("placements");
+/// When each function was stored (Unix ms): an engine's copy registered
+/// before that, in another version, missed a deploy (`control::reconcile`).
+const STORED_AT: TableDefinition<&str, u64> = TableDefinition::new("stored_at");
+
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("function store: {0}")]
     Db(String),
+    /// A shared store that cannot be reached: management calls are refused
+    /// (503 `store_unavailable`) rather than served from what this gateway
+    /// last saw, which could split the cluster's truth.
+    #[error("the shared function store is unreachable ({0}); retry when it is back")]
+    Unavailable(String),
     #[error("function store holds a corrupt record for {0}: {1}")]
     Corrupt(String, serde_json::Error),
     #[error("source {0} is not in the store (upload it first: POST /system/sources)")]
@@ -30,22 +47,68 @@ fn db<E: std::fmt::Display>(e: E) -> StoreError {
     StoreError::Db(e.to_string())
 }
 
+/// Where function metadata is kept. Every method is one transaction.
+pub trait Meta: Send + Sync {
+    /// Stores a function, when it was stored (`stored_ms`), and the engines
+    /// it was placed on (`None`: none are recorded).
+    fn put(&self, spec: &FunctionSpec, stored_ms: u64, placed: Option<&[String]>) -> Result<(), StoreError>;
+    fn set_placed(&self, name: &str, placed: &[String]) -> Result<(), StoreError>;
+    fn placements(&self) -> Result<Vec<(String, Vec<String>)>, StoreError>;
+    fn remove(&self, name: &str) -> Result<bool, StoreError>;
+    fn list(&self) -> Result<Vec<FunctionSpec>, StoreError>;
+    fn get(&self, name: &str) -> Result<Option<FunctionSpec>, StoreError>;
+    fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError>;
+    /// A number that changes whenever another gateway may have changed the
+    /// store; `None` for a store only this gateway writes.
+    fn revision(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+    /// Shared copies of source archives (none for an embedded store).
+    fn put_archive(&self, _digest: &str, _archive: &[u8]) -> Result<(), StoreError> {
+        Ok(())
+    }
+    fn archive(&self, _digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    /// The shared archives: digest, and when uploaded (Unix ms).
+    fn archives(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn remove_archive(&self, _digest: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// What it is, for the log.
+    fn describe(&self) -> String;
+}
+
 pub struct Store {
-    db: Database,
+    meta: Box<dyn Meta>,
     sources: PathBuf,
 }
 
 impl Store {
-    /// Opens the store at `path`; source archives live in `sources/` beside it.
+    /// The embedded store at `path`; source archives live in `sources/`
+    /// beside it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let database = Database::create(path).map_err(db)?;
-        let tx = database.begin_write().map_err(db)?;
-        tx.open_table(FUNCTIONS).map_err(db)?;
-        tx.open_table(PLACEMENTS).map_err(db)?;
-        tx.commit().map_err(db)?;
         let sources = path.parent().unwrap_or(Path::new(".")).join("sources");
+        Store::with(Box::new(Local::open(path)?), sources)
+    }
+
+    /// A store whose metadata is in `meta`, with its local copies of
+    /// source archives in `sources`.
+    pub fn with(meta: Box<dyn Meta>, sources: PathBuf) -> Result<Store, StoreError> {
         std::fs::create_dir_all(&sources).map_err(db)?;
-        Ok(Store { db: database, sources })
+        Ok(Store { meta, sources })
+    }
+
+    pub fn describe(&self) -> String {
+        self.meta.describe()
+    }
+
+    /// Changes when another gateway may have changed the store (`None`:
+    /// none can).
+    pub fn revision(&self) -> Result<Option<u64>, StoreError> {
+        self.meta.revision()
     }
 
     fn source_path(&self, digest: &str) -> Option<PathBuf> {
@@ -53,29 +116,51 @@ impl Store {
         api::archive::valid_digest(digest).then(|| self.sources.join(format!("{}.tar.gz", &digest[7..])))
     }
 
-    /// Keeps an archive (already checked by the caller); returns its digest.
-    pub fn put_source(&self, archive: &[u8]) -> Result<String, StoreError> {
-        let digest = api::archive::digest(archive);
-        let path = self.source_path(&digest).expect("digest() makes valid digests");
-        let io = |err| StoreError::SourceIo { digest: digest.clone(), err };
+    fn write_local(&self, digest: &str, archive: &[u8]) -> Result<(), StoreError> {
+        let path = self.source_path(digest).ok_or_else(|| StoreError::NoSource(digest.to_string()))?;
+        let io = |err| StoreError::SourceIo { digest: digest.to_string(), err };
         if !path.is_file() {
             let tmp = path.with_extension(format!("tmp{}", std::process::id()));
             std::fs::write(&tmp, archive).map_err(io)?;
             std::fs::rename(&tmp, &path).map_err(io)?;
         }
+        Ok(())
+    }
+
+    /// Keeps an archive (already checked by the caller); returns its digest.
+    pub fn put_source(&self, archive: &[u8]) -> Result<String, StoreError> {
+        let digest = api::archive::digest(archive);
+        self.meta.put_archive(&digest, archive)?;
+        self.write_local(&digest, archive)?;
         Ok(digest)
     }
 
-    pub fn has_source(&self, digest: &str) -> bool {
-        self.source_path(digest).is_some_and(|p| p.is_file())
+    /// Whether the archive is here or in the shared store (fetched then).
+    pub fn has_source(&self, digest: &str) -> Result<bool, StoreError> {
+        if self.source_path(digest).is_some_and(|p| p.is_file()) {
+            return Ok(true);
+        }
+        match self.source(digest) {
+            Ok(_) => Ok(true),
+            Err(StoreError::NoSource(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
-    /// An archive, checked against its digest.
+    /// An archive, checked against its digest; fetched from the shared
+    /// store (and kept here) when this gateway has no copy.
     pub fn source(&self, digest: &str) -> Result<Vec<u8>, StoreError> {
         let path = self.source_path(digest).ok_or_else(|| StoreError::NoSource(digest.to_string()))?;
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::NoSource(digest.into())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let Some(b) = self.meta.archive(digest)? else { return Err(StoreError::NoSource(digest.into())) };
+                if api::archive::digest(&b) != digest {
+                    return Err(StoreError::SourceCorrupt(digest.into()));
+                }
+                self.write_local(digest, &b)?;
+                return Ok(b);
+            }
             Err(err) => return Err(StoreError::SourceIo { digest: digest.into(), err }),
         };
         if api::archive::digest(&bytes) != digest {
@@ -89,6 +174,12 @@ impl Store {
     pub fn prune_sources(&self, grace: std::time::Duration) -> Result<usize, StoreError> {
         let keep: std::collections::HashSet<String> = self.list()?.into_iter().map(|s| s.source).collect();
         let mut removed = 0;
+        let now = unix_ms();
+        for (digest, uploaded) in self.meta.archives()? {
+            if !keep.contains(&digest) && now.saturating_sub(uploaded) >= grace.as_millis() as u64 {
+                self.meta.remove_archive(&digest)?;
+            }
+        }
         for e in std::fs::read_dir(&self.sources).map_err(db)?.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let Some(hex) = name.strip_suffix(".tar.gz") else { continue };
@@ -103,9 +194,65 @@ impl Store {
     /// Stores a function, and the engines it was placed on (`None`: it
     /// runs on every engine its placement admits, and none are recorded).
     pub fn put(&self, spec: &FunctionSpec, placed: Option<&[String]>) -> Result<(), StoreError> {
+        self.meta.put(spec, unix_ms(), placed)
+    }
+
+    /// Records the engines a stored function is placed on now.
+    pub fn set_placed(&self, name: &str, placed: &[String]) -> Result<(), StoreError> {
+        self.meta.set_placed(name, placed)
+    }
+
+    /// Every recorded placement: function → engine ids.
+    pub fn placements(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
+        self.meta.placements()
+    }
+
+    pub fn remove(&self, name: &str) -> Result<bool, StoreError> {
+        self.meta.remove(name)
+    }
+
+    pub fn list(&self) -> Result<Vec<FunctionSpec>, StoreError> {
+        self.meta.list()
+    }
+
+    /// When each stored function was stored (Unix ms; a store written by
+    /// an older Staccato has no stamps: 0).
+    pub fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError> {
+        self.meta.stored_at()
+    }
+
+    pub fn get(&self, name: &str) -> Result<Option<FunctionSpec>, StoreError> {
+        self.meta.get(name)
+    }
+}
+
+/// The embedded backend (redb): one gateway's own.
+pub struct Local {
+    db: Database,
+}
+
+impl Local {
+    pub fn open(path: &Path) -> Result<Local, StoreError> {
+        let database = Database::create(path).map_err(db)?;
+        let tx = database.begin_write().map_err(db)?;
+        tx.open_table(FUNCTIONS).map_err(db)?;
+        tx.open_table(PLACEMENTS).map_err(db)?;
+        tx.open_table(STORED_AT).map_err(db)?;
+        tx.commit().map_err(db)?;
+        Ok(Local { db: database })
+    }
+}
+
+impl Meta for Local {
+    fn describe(&self) -> String {
+        "embedded".into()
+    }
+
+    fn put(&self, spec: &FunctionSpec, stored_ms: u64, placed: Option<&[String]>) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(spec).map_err(db)?;
         let tx = self.db.begin_write().map_err(db)?;
         tx.open_table(FUNCTIONS).map_err(db)?.insert(spec.name.as_str(), bytes.as_slice()).map_err(db)?;
+        tx.open_table(STORED_AT).map_err(db)?.insert(spec.name.as_str(), stored_ms).map_err(db)?;
         {
             let mut t = tx.open_table(PLACEMENTS).map_err(db)?;
             match placed {
@@ -121,16 +268,14 @@ impl Store {
         tx.commit().map_err(db)
     }
 
-    /// Records the engines a stored function is placed on now.
-    pub fn set_placed(&self, name: &str, placed: &[String]) -> Result<(), StoreError> {
+    fn set_placed(&self, name: &str, placed: &[String]) -> Result<(), StoreError> {
         let ids = serde_json::to_vec(placed).map_err(db)?;
         let tx = self.db.begin_write().map_err(db)?;
         tx.open_table(PLACEMENTS).map_err(db)?.insert(name, ids.as_slice()).map_err(db)?;
         tx.commit().map_err(db)
     }
 
-    /// Every recorded placement: function → engine ids.
-    pub fn placements(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
+    fn placements(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
         let tx = self.db.begin_read().map_err(db)?;
         let table = tx.open_table(PLACEMENTS).map_err(db)?;
         let mut out = Vec::new();
@@ -142,15 +287,16 @@ impl Store {
         Ok(out)
     }
 
-    pub fn remove(&self, name: &str) -> Result<bool, StoreError> {
+    fn remove(&self, name: &str) -> Result<bool, StoreError> {
         let tx = self.db.begin_write().map_err(db)?;
         let existed = tx.open_table(FUNCTIONS).map_err(db)?.remove(name).map_err(db)?.is_some();
         tx.open_table(PLACEMENTS).map_err(db)?.remove(name).map_err(db)?;
+        tx.open_table(STORED_AT).map_err(db)?.remove(name).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(existed)
     }
 
-    pub fn list(&self) -> Result<Vec<FunctionSpec>, StoreError> {
+    fn list(&self) -> Result<Vec<FunctionSpec>, StoreError> {
         let tx = self.db.begin_read().map_err(db)?;
         let table = tx.open_table(FUNCTIONS).map_err(db)?;
         let mut out = Vec::new();
@@ -162,7 +308,18 @@ impl Store {
         Ok(out)
     }
 
-    pub fn get(&self, name: &str) -> Result<Option<FunctionSpec>, StoreError> {
+    fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = tx.open_table(STORED_AT).map_err(db)?;
+        let mut out = HashMap::new();
+        for row in table.iter().map_err(db)? {
+            let (k, v) = row.map_err(db)?;
+            out.insert(k.value().to_string(), v.value());
+        }
+        Ok(out)
+    }
+
+    fn get(&self, name: &str) -> Result<Option<FunctionSpec>, StoreError> {
         let tx = self.db.begin_read().map_err(db)?;
         let table = tx.open_table(FUNCTIONS).map_err(db)?;
         match table.get(name).map_err(db)? {
@@ -205,6 +362,8 @@ mod tests {
         }
         let s = Store::open(&path).expect("reopen");
         assert_eq!(s.list().expect("list"), vec![spec.clone()]);
+        let at = s.stored_at().expect("stamps")["f"];
+        assert!(at.abs_diff(unix_ms()) < 60_000, "stamped when stored: {at}");
         assert_eq!(s.placements().expect("placements"), vec![("f".to_string(), vec!["e1".to_string()])]);
         s.put(&spec, None).expect("put everywhere");
         assert!(s.placements().expect("placements").is_empty());
@@ -213,18 +372,19 @@ mod tests {
         assert_eq!(s.get("f").expect("get"), Some(spec));
         assert!(s.remove("f").expect("remove"));
         assert!(s.placements().expect("placements").is_empty(), "removed with its function");
+        assert!(s.stored_at().expect("stamps").is_empty(), "its stamp too");
         assert!(!s.remove("f").expect("remove again"));
         assert!(s.list().expect("list").is_empty());
 
         let digest = s.put_source(b"archive bytes").expect("put source");
-        assert!(s.has_source(&digest));
+        assert!(s.has_source(&digest).expect("has"));
         assert_eq!(s.source(&digest).expect("read"), b"archive bytes");
         // Tampered on disk: refused, not served.
         std::fs::write(dir.join("sources").join(format!("{}.tar.gz", &digest[7..])), b"evil").expect("write");
         assert!(matches!(s.source(&digest), Err(StoreError::SourceCorrupt(_))));
         assert!(matches!(s.source("../../etc/shadow"), Err(StoreError::NoSource(_))));
         assert_eq!(s.prune_sources(std::time::Duration::ZERO).expect("prune"), 1);
-        assert!(!s.has_source(&digest));
+        assert!(!s.has_source(&digest).expect("has"));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -318,8 +318,8 @@ fn listing(c: &mut Gateway, path: &str, json: bool) -> Result<Option<Value>> {
 fn engines(c: &mut Gateway, json: bool) -> Result<()> {
     let Some(v) = listing(c, "/system/engines", json)? else { return Ok(()) };
     println!(
-        "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>9} {:>8}  LABELS",
-        "ID", "ADDRESS", "KIND", "STATE", "IN FLIGHT", "CALLS", "FORWARDED", "LEASE"
+        "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>9} {:>8} {:>9}  LABELS",
+        "ID", "ADDRESS", "KIND", "STATE", "IN FLIGHT", "CALLS", "FORWARDED", "LEASE", "FUNCTIONS"
     );
     for e in v.as_array().into_iter().flatten() {
         let lease = e["lease_left_ms"].as_u64().map_or("-".to_string(), |ms| format!("{:.1}s", ms as f64 / 1e3));
@@ -327,8 +327,9 @@ fn engines(c: &mut Gateway, json: bool) -> Result<()> {
             .as_object()
             .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or(""))).collect())
             .unwrap_or_default();
+        let functions = e["functions"].as_array().map_or(0, Vec::len);
         println!(
-            "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>9} {:>8}  {}",
+            "{:<24} {:<22} {:<7} {:<12} {:>9} {:>10} {:>9} {:>8} {:>9}  {}",
             e["id"].as_str().unwrap_or(""),
             e["address"].as_str().unwrap_or(""),
             e["kind"].as_str().unwrap_or(""),
@@ -337,6 +338,7 @@ fn engines(c: &mut Gateway, json: bool) -> Result<()> {
             e["calls"],
             e["forwarded"],
             lease,
+            functions,
             labels.join(",")
         );
     }

@@ -175,6 +175,11 @@ pub struct GatewayArgs {
     /// closed: seconds, or a duration like 500ms (at most 1h).
     #[arg(long, default_value = "30", value_parser = secs_flag)]
     pub idle_timeout_s: Duration,
+    /// Where function metadata and sources are kept: in the state directory
+    /// (default, one gateway), or etcd://HOST:PORT[,HOST:PORT...][/PREFIX],
+    /// shared by every gateway given the same URL.
+    #[arg(long, value_name = "URL")]
+    pub store: Option<String>,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -541,6 +546,7 @@ fn start_gateway(
         state_dir: state.to_path_buf(),
         payload_len_max: c.payload_max,
         pin_threads: matches!(c.placement, PlacementArg::Packed),
+        store_url: g.store.clone(),
     };
     gateway::start(cfg).context("starting the gateway")
 }

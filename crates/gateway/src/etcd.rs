@@ -1,0 +1,332 @@
+//! The shared store backend: function metadata and source archives in etcd
+//! (v3, through its JSON gateway), so several gateways serve one truth. A
+//! deploy through one gateway is stored here; the others see the store's
+//! revision change within `WATCH_EVERY` and reload placements and
+//! reconcile their engines (`crate::watch_store`).
+//!
+//! Keys, under a prefix (default `/staccato/`):
+//! - `functions/NAME`: the spec (JSON); `stored_at/NAME`: when it was
+//!   stored (Unix ms); `placements/NAME`: the engine ids it was placed on.
+//!   A put or a removal changes the three in one transaction.
+//! - `archives/HEX`: a source archive's size, chunk count and upload time;
+//!   `chunks/HEX/NNNNN`: its bytes in chunks of `CHUNK` (etcd refuses
+//!   requests over 1.5 MiB). The chunks are written first and the archive
+//!   key last, so an archive that is listed is whole; its digest is checked
+//!   again whenever it is read.
+//!
+//! Every failure to reach etcd is `StoreError::Unavailable`: the gateway
+//! answers management calls 503 `store_unavailable` instead of acting on
+//! what it last saw.
+
+use crate::store::{Meta, StoreError};
+use api::spec::FunctionSpec;
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Archive bytes per etcd value.
+const CHUNK: usize = 512 << 10;
+
+pub struct Etcd {
+    agent: ureq::Agent,
+    /// `http://host:port` of each endpoint; tried in turn.
+    endpoints: Vec<String>,
+    prefix: String,
+}
+
+/// Parses `etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`.
+pub fn parse_url(url: &str) -> Result<(Vec<String>, String), String> {
+    let rest = url.strip_prefix("etcd://").ok_or_else(|| format!("{url:?} is not like etcd://HOST:PORT[/PREFIX]"))?;
+    let (hosts, prefix) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/staccato"),
+    };
+    let prefix = format!("{}/", prefix.trim_end_matches('/'));
+    if prefix.len() > 128 || !prefix.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_.-".contains(&b)) {
+        return Err(format!("etcd key prefix {prefix:?}: use up to 128 of a-z, 0-9, '/', '_', '.', '-'"));
+    }
+    let mut endpoints = Vec::new();
+    for h in hosts.split(',') {
+        let ok = !h.is_empty()
+            && h.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+            && h.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b));
+        if !ok {
+            return Err(format!("etcd endpoint {h:?} is not like HOST:PORT"));
+        }
+        endpoints.push(format!("http://{h}"));
+    }
+    Ok((endpoints, prefix))
+}
+
+fn unavailable<E: std::fmt::Display>(e: E) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn b64(s: impl AsRef<[u8]>) -> String {
+    B64.encode(s)
+}
+
+/// The key just after every key that starts with `prefix` (etcd's
+/// `range_end` for a prefix).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1; // prefixes end in '/', never 0xff
+    }
+    end
+}
+
+impl Etcd {
+    pub fn connect(url: &str) -> Result<Etcd, StoreError> {
+        let (endpoints, prefix) = parse_url(url).map_err(StoreError::Db)?;
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .proxy(None)
+            .timeout_connect(Some(Duration::from_secs(2)))
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build();
+        let etcd = Etcd { agent: ureq::Agent::new_with_config(config), endpoints, prefix };
+        // Reachable now, or the gateway does not start.
+        etcd.revision()?;
+        Ok(etcd)
+    }
+
+    fn key(&self, kind: &str, name: &str) -> String {
+        format!("{}{kind}/{name}", self.prefix)
+    }
+
+    /// One request to the first endpoint that answers.
+    fn call(&self, path: &str, body: &Value) -> Result<Value, StoreError> {
+        let body = serde_json::to_vec(body).map_err(unavailable)?;
+        let mut last = String::new();
+        for ep in &self.endpoints {
+            let req = ureq::http::Request::builder()
+                .method("POST")
+                .uri(format!("{ep}{path}"))
+                .header("content-type", "application/json")
+                .body(body.as_slice())
+                .map_err(unavailable)?;
+            let mut resp = match self.agent.run(req) {
+                Ok(r) => r,
+                Err(e) => {
+                    last = format!("{ep}: {e}");
+                    continue;
+                }
+            };
+            let status = resp.status().as_u16();
+            let text = resp.body_mut().with_config().limit(16 << 20).read_to_vec().map_err(unavailable)?;
+            let v: Value = serde_json::from_slice(&text).map_err(|e| unavailable(format!("{ep}{path}: {e}")))?;
+            if status != 200 {
+                let msg = v["error"].as_str().or(v["message"].as_str()).unwrap_or("").to_string();
+                // A refusal (a request too large, a quota) is not an outage.
+                return Err(StoreError::Db(format!("etcd {path} answered {status}: {msg}")));
+            }
+            return Ok(v);
+        }
+        Err(StoreError::Unavailable(last))
+    }
+
+    /// Every key and value under `prefix`.
+    fn range(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let v = self.call("/v3/kv/range", &json!({ "key": b64(prefix), "range_end": b64(prefix_end(prefix)) }))?;
+        let mut out = Vec::new();
+        for kv in v["kvs"].as_array().into_iter().flatten() {
+            let key = B64.decode(kv["key"].as_str().unwrap_or("")).map_err(|e| StoreError::Db(e.to_string()))?;
+            let value = B64.decode(kv["value"].as_str().unwrap_or("")).map_err(|e| StoreError::Db(e.to_string()))?;
+            let key = String::from_utf8_lossy(&key[prefix.len().min(key.len())..]).into_owned();
+            out.push((key, value));
+        }
+        Ok(out)
+    }
+
+    fn get_key(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let v = self.call("/v3/kv/range", &json!({ "key": b64(key) }))?;
+        match v["kvs"].as_array().and_then(|a| a.first()) {
+            Some(kv) => {
+                Ok(Some(B64.decode(kv["value"].as_str().unwrap_or("")).map_err(|e| StoreError::Db(e.to_string()))?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    fn put_key(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.call("/v3/kv/put", &json!({ "key": b64(key), "value": b64(value) })).map(|_| ())
+    }
+
+    fn txn(&self, ops: Vec<Value>) -> Result<Value, StoreError> {
+        self.call("/v3/kv/txn", &json!({ "success": ops }))
+    }
+}
+
+fn put_op(key: &str, value: &[u8]) -> Value {
+    json!({ "request_put": { "key": b64(key), "value": b64(value) } })
+}
+
+fn delete_op(key: &str) -> Value {
+    json!({ "request_delete_range": { "key": b64(key) } })
+}
+
+impl Meta for Etcd {
+    fn describe(&self) -> String {
+        format!("etcd at {} under {}", self.endpoints.join(","), self.prefix)
+    }
+
+    fn put(&self, spec: &FunctionSpec, stored_ms: u64, placed: Option<&[String]>) -> Result<(), StoreError> {
+        let name = &spec.name;
+        let spec_json = serde_json::to_vec(spec).map_err(|e| StoreError::Db(e.to_string()))?;
+        let mut ops = vec![
+            put_op(&self.key("functions", name), &spec_json),
+            put_op(&self.key("stored_at", name), stored_ms.to_string().as_bytes()),
+        ];
+        match placed {
+            Some(ids) => ops.push(put_op(
+                &self.key("placements", name),
+                &serde_json::to_vec(ids).map_err(|e| StoreError::Db(e.to_string()))?,
+            )),
+            None => ops.push(delete_op(&self.key("placements", name))),
+        }
+        self.txn(ops).map(|_| ())
+    }
+
+    fn set_placed(&self, name: &str, placed: &[String]) -> Result<(), StoreError> {
+        let ids = serde_json::to_vec(placed).map_err(|e| StoreError::Db(e.to_string()))?;
+        self.put_key(&self.key("placements", name), &ids)
+    }
+
+    fn placements(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
+        let mut out = Vec::new();
+        for (name, v) in self.range(&self.key("placements", ""))? {
+            let ids = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(name.clone(), e))?;
+            out.push((name, ids));
+        }
+        Ok(out)
+    }
+
+    fn remove(&self, name: &str) -> Result<bool, StoreError> {
+        let v = self.txn(vec![
+            delete_op(&self.key("functions", name)),
+            delete_op(&self.key("stored_at", name)),
+            delete_op(&self.key("placements", name)),
+        ])?;
+        // responses[0].response_delete_range.deleted: how many functions/NAME.
+        let deleted = &v["responses"][0]["response_delete_range"]["deleted"];
+        Ok(deleted.as_str().and_then(|d| d.parse::<u64>().ok()).or(deleted.as_u64()).unwrap_or(0) > 0)
+    }
+
+    fn list(&self) -> Result<Vec<FunctionSpec>, StoreError> {
+        let mut out = Vec::new();
+        for (name, v) in self.range(&self.key("functions", ""))? {
+            out.push(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(name, e))?);
+        }
+        Ok(out)
+    }
+
+    fn get(&self, name: &str) -> Result<Option<FunctionSpec>, StoreError> {
+        match self.get_key(&self.key("functions", name))? {
+            Some(v) => Ok(Some(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(name.into(), e))?)),
+            None => Ok(None),
+        }
+    }
+
+    fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError> {
+        Ok(self
+            .range(&self.key("stored_at", ""))?
+            .into_iter()
+            .map(|(name, v)| (name, String::from_utf8_lossy(&v).parse().unwrap_or(0)))
+            .collect())
+    }
+
+    /// The revision of the keys under the prefix: a range that counts
+    /// them returns the store's revision in its header.
+    fn revision(&self) -> Result<Option<u64>, StoreError> {
+        let v = self.call(
+            "/v3/kv/range",
+            &json!({ "key": b64(&self.prefix), "range_end": b64(prefix_end(&self.prefix)), "count_only": true }),
+        )?;
+        let r = &v["header"]["revision"];
+        let r = r.as_str().and_then(|s| s.parse().ok()).or(r.as_u64());
+        r.map(Some).ok_or_else(|| StoreError::Db(format!("etcd answered a range without a revision: {v}")))
+    }
+
+    fn put_archive(&self, digest: &str, archive: &[u8]) -> Result<(), StoreError> {
+        let hex = &digest[7..];
+        if self.get_key(&self.key("archives", hex))?.is_some() {
+            return Ok(());
+        }
+        let chunks = archive.chunks(CHUNK).count();
+        for (i, c) in archive.chunks(CHUNK).enumerate() {
+            self.put_key(&self.key("chunks", &format!("{hex}/{i:05}")), c)?;
+        }
+        let meta = json!({ "bytes": archive.len(), "chunks": chunks, "uploaded_ms": crate::store::unix_ms() });
+        self.put_key(&self.key("archives", hex), meta.to_string().as_bytes())
+    }
+
+    fn archive(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let hex = &digest[7..];
+        let Some(meta) = self.get_key(&self.key("archives", hex))? else { return Ok(None) };
+        let meta: Value = serde_json::from_slice(&meta).map_err(|e| StoreError::Corrupt(digest.into(), e))?;
+        let (Some(n), Some(len)) = (meta["chunks"].as_u64(), meta["bytes"].as_u64()) else {
+            return Err(StoreError::SourceCorrupt(digest.into()));
+        };
+        if len > api::archive::Limits::default().archive_bytes_max || n > len / CHUNK as u64 + 1 {
+            return Err(StoreError::SourceCorrupt(digest.into()));
+        }
+        // One chunk per request: a range over all of them could be a
+        // response larger than etcd sends.
+        let mut out = Vec::with_capacity(len as usize);
+        for i in 0..n {
+            match self.get_key(&self.key("chunks", &format!("{hex}/{i:05}")))? {
+                Some(c) => out.extend_from_slice(&c),
+                None => return Err(StoreError::SourceCorrupt(digest.into())),
+            }
+        }
+        Ok(Some(out))
+    }
+
+    fn archives(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        Ok(self
+            .range(&self.key("archives", ""))?
+            .into_iter()
+            .map(|(hex, v)| {
+                let at = serde_json::from_slice::<Value>(&v).ok().and_then(|m| m["uploaded_ms"].as_u64()).unwrap_or(0);
+                (format!("sha256:{hex}"), at)
+            })
+            .collect())
+    }
+
+    fn remove_archive(&self, digest: &str) -> Result<(), StoreError> {
+        let hex = &digest[7..];
+        let chunks = self.key("chunks", &format!("{hex}/"));
+        self.txn(vec![
+            delete_op(&self.key("archives", hex)),
+            json!({ "request_delete_range": { "key": b64(&chunks), "range_end": b64(prefix_end(&chunks)) } }),
+        ])
+        .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_urls_are_checked() {
+        assert_eq!(
+            parse_url("etcd://127.0.0.1:2379").unwrap(),
+            (vec!["http://127.0.0.1:2379".to_string()], "/staccato/".to_string())
+        );
+        assert_eq!(
+            parse_url("etcd://a:1,b:2/team/x/").unwrap(),
+            (vec!["http://a:1".to_string(), "http://b:2".to_string()], "/team/x/".to_string())
+        );
+        for bad in
+            ["http://a:1", "etcd://", "etcd://a", "etcd://a:x", "etcd://a:1/sp ace", "etcd://a:1,/p", "etcd://a@b:1"]
+        {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+        assert_eq!(prefix_end("/staccato/"), b"/staccato0".to_vec());
+    }
+}
