@@ -402,6 +402,35 @@ def test_an_engine_that_goes_silent_is_passed_over_within_a_second(gw):
     assert victim.id in seen, seen
 
 
+def test_logs_come_from_the_engines_that_hold_them(gw):
+    """`staccato logs` asks the gateway, which asks every engine: a function
+    placed on one engine shows that engine's output alone; one that runs
+    everywhere shows each engine's, prefixed with its id."""
+    (gw.root / "talk").mkdir(exist_ok=True)
+    (gw.root / "talk" / "talk.py").write_text("def handle(ctx, data):\n    print('heard', data.decode(), flush=True)\n"
+                                              "    return b'ok'\n")
+    home = gw.engine_procs[1]
+    (gw.root / "talk.yml").write_text(
+        f"functions:\n  talk-here:\n    runtime: python\n    source: {gw.root / 'talk'}\n    handler: talk:handle\n"
+        "    placement: {labels: {host: engine1}}\n"
+        f"  talk-all:\n    runtime: python\n    source: {gw.root / 'talk'}\n    handler: talk:handle\n")
+    out = gw.cli("deploy", str(gw.root / "talk.yml"), timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert ok_body(gw.invoke("talk-here", b"only-here")) == b"ok"
+    r = gw.get("/system/logs/talk-here")
+    assert r.status == 200, r
+    parts = r.json()["engines"]
+    assert [p["engine"] for p in parts] == [home.id], parts
+    assert wait_for(lambda: gw.cli("logs", "talk-here").stdout == "heard only-here\n", timeout=5), \
+        gw.cli("logs", "talk-here")
+    served = {served_by(gw.invoke("talk-all", b"m%d" % i)) for i in range(30)}
+    assert len(served) >= 2, served
+    out = gw.cli("logs", "talk-all", "-n", "100").stdout
+    prefixes = {line.split("] ")[0].lstrip("[") for line in out.splitlines()}
+    assert served <= prefixes, (served, out)
+    assert sum(1 for line in out.splitlines() if " heard m" in line) == 30, out
+
+
 def row(gw, engine_id):
     return next((e for e in table(gw) if e["id"] == engine_id), None)
 

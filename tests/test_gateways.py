@@ -11,6 +11,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -140,6 +141,9 @@ def test_an_engine_that_joined_only_the_other_gateway_gets_the_functions(two):
         f"functions:\n  fresh2:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n")
     a.deploy(a.root / "fresh2.yml")
     assert wait_for(lambda: "fresh2" in functions_on(b, late.id), timeout=15), functions_on(b, late.id)
+    # Removed through a: gone from the engine only b knows too.
+    assert a.cli("rm", "fresh2").returncode == 0
+    assert wait_for(lambda: "fresh2" not in functions_on(b, late.id), timeout=15), functions_on(b, late.id)
 
 
 def test_a_restarted_gateway_reads_the_store_back(two):
@@ -160,6 +164,14 @@ def test_an_unreachable_store_refuses_management_calls_and_calls_go_on(two):
         check_error(a.get("/system/functions"), 503, "store_unavailable", call_id=False)
         out = a.cli("deploy", str(a.root / "staccato.yml"), timeout=60)
         assert out.returncode != 0 and "store" in (out.stdout + out.stderr).lower(), out.stdout + out.stderr
+        # Refused before any engine was given it: nothing runs a function
+        # the store does not have.
+        (a.root / "ghost.yml").write_text(
+            f"functions:\n  ghost:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n")
+        out = a.cli("deploy", str(a.root / "ghost.yml"), timeout=60)
+        assert out.returncode != 0, out.stdout + out.stderr
+        time.sleep(0.5)  # two status rounds
+        assert all("ghost" not in functions_on(a, e.id) for e in a.engines[:2])
         r = request(a.port, "DELETE", "/system/functions/echo", headers=a.auth())
         check_error(r, 503, "store_unavailable", call_id=False)
         # Calls to what is deployed do not need the store.

@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -644,6 +645,41 @@ def test_logs_command(server, tmp_path):
         return p if p.returncode == 0 and "chatty got marker-7f3a" in p.stdout else None
     p = wait_for(logged, timeout=2.0)
     assert p, server.cli("logs", "chatty", "--state-dir", server.state_dir)
+    # Through the gateway (the default): the same lines, from the engine.
+    p = server.cli("logs", "chatty", "-n", "1")
+    assert p.returncode == 0 and p.stdout == "chatty got marker-7f3a\n", (p.stdout, p.stderr)
+    r = server.get("/system/logs/chatty?lines=5")
+    assert r.status == 200 and len(r.json()["engines"]) == 1, r
+    check_error(server.get("/system/logs/nobody"), 404, "not_found", call_id=False)
+    check_error(server.get("/system/logs/chatty?after=e1~x~1"), 400, "bad_request", call_id=False)
+    check_error(server.get("/system/logs/chatty?lines=1", headers={"Authorization": "Bearer wrong"}), 401,
+                "unauthorized", call_id=False)
+
+
+def test_logs_follow_prints_what_comes_after(server, tmp_path):
+    """`staccato logs -f` prints the last lines, then each new line as the
+    function writes it, until stopped."""
+    manifest = _write(tmp_path / "staccato.yml", "functions:\n  talker:\n    runtime: python\n    handler: talker:handle\n")
+    _write(tmp_path / "talker.py", "def handle(ctx, data):\n    print('said', data.decode(), flush=True)\n"
+                                   "    return b'ok'\n")
+    server.deploy(manifest)
+    assert ok_body(server.invoke("talker", b"before")) == b"ok"
+    env = clean_env(STACCATO_GATEWAY=server.gateway, STACCATO_TOKEN=server.token)
+    follower = subprocess.Popen([str(BIN), "logs", "-f", "-n", "5", "talker"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        seen = []
+        reader = threading.Thread(target=lambda: seen.extend(iter(follower.stdout.readline, "")), daemon=True)
+        reader.start()
+        assert wait_for(lambda: "said before\n" in seen, timeout=10), seen
+        for i in range(3):
+            assert ok_body(server.invoke("talker", b"after-%d" % i)) == b"ok"
+        assert wait_for(lambda: all(f"said after-{i}\n" in seen for i in range(3)), timeout=10), seen
+        assert seen.count("said before\n") == 1, seen  # printed once, not at every poll
+        assert follower.poll() is None, follower.stderr.read()
+    finally:
+        follower.kill()
+        follower.wait(10)
 
 
 # ---------------------------------------------------------------- languages (issue 3)

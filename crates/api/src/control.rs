@@ -29,6 +29,14 @@ pub enum Request {
     Unregister { name: String },
     /// Every function the engine runs, and how.
     Status,
+    /// A function's log: its last `lines` lines, or what was written after
+    /// `after` (a cursor an earlier answer gave).
+    Logs {
+        function: String,
+        lines: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<LogCursor>,
+    },
     /// The most recent call records, newest first.
     Trace {
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,6 +52,7 @@ impl Request {
             Request::Register { .. } => "register",
             Request::Unregister { .. } => "unregister",
             Request::Status => "status",
+            Request::Logs { .. } => "logs",
             Request::Trace { .. } => "trace",
         }
     }
@@ -67,7 +76,26 @@ pub enum Reply {
     Traces {
         traces: Vec<TraceRecord>,
     },
+    /// Log text (invalid UTF-8 replaced), and where the next read starts.
+    Logs {
+        text: String,
+        next: LogCursor,
+    },
 }
+
+/// Where a reader of an engine's log of a function got to (which file, by
+/// inode, and the offset in it); opaque to everyone but that engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogCursor {
+    pub file: u64,
+    pub offset: u64,
+}
+
+/// Log bytes one answer carries at most.
+pub const LOG_READ_MAX: usize = 1 << 20;
+/// Lines from the end a reader may ask for.
+pub const LOG_LINES_MAX: u32 = 100_000;
 
 /// Why an engine did not carry out a request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -126,6 +126,7 @@ impl Supervisor {
             Request::Unregister { name } => self.unregister(&name),
             Request::Status => Ok(Reply::Status { functions: self.shared.status() }),
             Request::Trace { function, limit } => Ok(self.trace(function.as_deref(), limit as usize)),
+            Request::Logs { function, lines, after } => self.read_log(&function, lines, after),
         }
     }
 
@@ -356,6 +357,34 @@ impl Supervisor {
             .map_err(Error::io(format!("making the log of {name}")))?;
         self.logs.insert(name.to_string(), Arc::downgrade(&s));
         Ok(s)
+    }
+
+    /// A function's log, read for a gateway (`staccato logs`): what its
+    /// stream holds is moved to the file first, so the newest output shows.
+    fn read_log(&self, name: &str, lines: u32, after: Option<api::control::LogCursor>) -> Result<Reply, Refusal> {
+        use api::control::{LogCursor, LOG_LINES_MAX, LOG_READ_MAX};
+        // The name becomes a path: only a valid name gets that far.
+        if !wire::valid_function_name(name) {
+            return Err(Refusal::new(RefusalKind::NotFound, format!("no function named {name:?}")));
+        }
+        if lines > LOG_LINES_MAX {
+            let msg = format!("{lines} lines asked for; at most {LOG_LINES_MAX}");
+            return Err(Refusal::new(RefusalKind::BadRequest, msg));
+        }
+        if let Some(s) = self.logs.get(name).and_then(std::sync::Weak::upgrade) {
+            s.drain();
+        }
+        let path = self.shared.cfg.state_dir.join("logs").join(format!("{name}.log"));
+        if self.shared.function(name).is_none() && !path.is_file() {
+            return Err(Refusal::new(RefusalKind::NotFound, format!("no log of {name} on this engine")));
+        }
+        let after = after.map(|c| sandbox::logs::Cursor { file: c.file, offset: c.offset });
+        let (bytes, next) = sandbox::logs::read(&path, after, lines as usize, LOG_READ_MAX)
+            .map_err(|e| Refusal::new(RefusalKind::Internal, format!("reading {}: {e}", path.display())))?;
+        Ok(Reply::Logs {
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            next: LogCursor { file: next.file, offset: next.offset },
+        })
     }
 
     fn unregister(&mut self, name: &str) -> Result<Reply, Refusal> {

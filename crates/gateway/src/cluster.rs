@@ -116,8 +116,7 @@ impl Engines {
     ) -> Arc<Engine> {
         self.placements.claim(&id, &labels, present);
         let joined_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let (placements, me, my_labels) = (self.placements.clone(), id.clone(), labels.clone());
-        let placed_here = Box::new(move |name: &str| placements.serves(name, &me, &my_labels));
+        let placed_here = crate::control::PlacedHere { id: id.clone(), labels: labels.clone() };
         Arc::new(Engine {
             control: ControlClient::start(addr, self.secret.clone(), self.store.clone(), placed_here),
             id,

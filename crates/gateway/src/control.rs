@@ -7,6 +7,7 @@
 use crate::store::Store;
 use api::control::{self, LinkBroken, Refusal, RefusalKind, Reply, Request};
 use hyper::StatusCode;
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -18,8 +19,21 @@ use tokio::sync::oneshot;
 /// the same one.
 const HEARTBEAT: Duration = Duration::from_millis(200);
 
-/// Whether a function (by name) is placed on this client's engine.
-pub type PlacedHere = Box<dyn Fn(&str) -> bool + Send>;
+/// The engine a control client reconciles: its id and labels, against
+/// which each stored function's placement is read.
+pub struct PlacedHere {
+    pub id: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl PlacedHere {
+    /// Whether the stored `spec`, with the engines chosen for it
+    /// (`chosen`, from the same read of the store), runs on this engine.
+    fn serves(&self, spec: &api::spec::FunctionSpec, chosen: Option<&Vec<String>>) -> bool {
+        let p = &spec.placement;
+        p.admits(&self.labels) && (p.engines == 0 || chosen.is_some_and(|c| c.contains(&self.id)))
+    }
+}
 
 /// A request, its attachment (a registration's source archive), and where
 /// the answer goes.
@@ -199,9 +213,18 @@ fn control_thread(
                         reconciled = std::time::Instant::now();
                         flags.restored.store(true, Ordering::Release);
                     }
-                    Err(e) => {
+                    Err(e @ ControlError::Broken(_)) => {
                         log::error!("restoring functions on engine {addr}: {e}");
                         conn = None;
+                    }
+                    // The store cannot be read (a shared store is down): the
+                    // engine serves what it has, and is reconciled at the
+                    // next round that can read it.
+                    Err(e) => {
+                        log::error!("reconciling engine {addr} with the store: {e}; it serves what it has");
+                        set_serving(status_names(conn.as_mut().expect("connected")).unwrap_or_default());
+                        reconciled = std::time::Instant::now();
+                        flags.restored.store(true, Ordering::Release);
                     }
                 }
             }
@@ -217,7 +240,8 @@ fn control_thread(
                 // Heartbeat: notice an engine that restarted (and lost its
                 // functions) even when nobody is deploying; now and then,
                 // or when the store changed, reconcile it with the store.
-                let due = reconciled.elapsed() >= RECONCILE_EVERY || flags.stale.swap(false, Ordering::AcqRel);
+                let nudged = flags.stale.swap(false, Ordering::AcqRel);
+                let due = nudged || reconciled.elapsed() >= RECONCILE_EVERY;
                 let result = if due {
                     reconciled = std::time::Instant::now();
                     reconcile(c, &store, &placed_here, &mut failed)
@@ -312,15 +336,34 @@ fn reconcile(
         |e: crate::store::StoreError| ControlError::Refused(Refusal::new(RefusalKind::Internal, e.to_string()));
     let have = status(c)?;
     let mut serving: Vec<String> = have.iter().map(|f| f.name.clone()).collect();
+    // Placements come from this read of the store, not from the gateway's
+    // routes: another gateway may have changed them since those were read.
     let specs = store.list().map_err(internal)?;
     let stamps = store.stored_at().map_err(internal)?;
+    let chosen: HashMap<String, Vec<String>> = store.placements().map_err(internal)?.into_iter().collect();
+    let removed = store.removed().map_err(internal)?;
+    // A function removed after the engine's copy was registered, and not
+    // stored again: the engine was away when it was removed.
+    for f in &have {
+        let gone = removed.get(&f.name).is_some_and(|&at| f.since_ms < at);
+        if gone && !specs.iter().any(|s| s.name == f.name) {
+            match roundtrip(c, &Request::Unregister { name: f.name.clone() }, &[]) {
+                Ok(_) => {
+                    log::info!("function {} was removed while the engine was away: removed there too", f.name);
+                    serving.retain(|n| *n != f.name);
+                }
+                Err(e @ ControlError::Broken(_)) => return Err(e),
+                Err(e) => log::warn!("removing function {} (removed from the store): {e}", f.name),
+            }
+        }
+    }
     for listed in specs {
         let name = listed.name.clone();
         let fingerprint = listed.fingerprint();
         let stored_ms = stamps.get(&name).copied().unwrap_or(0);
         let copy = have.iter().find(|f| f.name == name);
         let stale = copy.is_some_and(|f| copy_is(f, &fingerprint, stored_ms) == Held::Stale);
-        match todo(placed_here(&name), copy.map(|f| copy_is(f, &fingerprint, stored_ms))) {
+        match todo(placed_here.serves(&listed, chosen.get(&name)), copy.map(|f| copy_is(f, &fingerprint, stored_ms))) {
             Todo::Nothing => continue,
             Todo::Unregister => {
                 match roundtrip(c, &Request::Unregister { name: name.clone() }, &[]) {
@@ -343,6 +386,11 @@ fn reconcile(
         };
         let archive = match store.source(&spec.source) {
             Ok(a) => a,
+            // Unreachable shared store: tried again at the next round.
+            Err(e @ crate::store::StoreError::Unavailable(_)) => {
+                log::warn!("restoring function {name}: {e}");
+                continue;
+            }
             Err(e) => {
                 log::error!("restoring function {name}: {e} (deploy it again)");
                 failed.insert(fingerprint);
@@ -371,7 +419,11 @@ fn reconcile(
             Err(e @ ControlError::Broken(_)) => return Err(e),
             Err(e) => {
                 log::error!("restoring function {name}: {e}");
-                failed.insert(fingerprint);
+                // Not asked again until the spec changes, unless the engine
+                // was only busy (asked again at the next reconciliation).
+                if !matches!(&e, ControlError::Refused(r) if r.kind == RefusalKind::Busy) {
+                    failed.insert(fingerprint);
+                }
             }
         }
     }

@@ -6,8 +6,9 @@
 //!
 //! Keys, under a prefix (default `/staccato/`):
 //! - `functions/NAME`: the spec (JSON); `stored_at/NAME`: when it was
-//!   stored (Unix ms); `placements/NAME`: the engine ids it was placed on.
-//!   A put or a removal changes the three in one transaction.
+//!   stored (Unix ms); `placements/NAME`: the engine ids it was placed on;
+//!   `removed/NAME`: when it was removed, until it is stored again. A put
+//!   or a removal changes all four in one transaction.
 //! - `archives/HEX`: a source archive's size, chunk count and upload time;
 //!   `chunks/HEX/NNNNN`: its bytes in chunks of `CHUNK` (etcd refuses
 //!   requests over 1.5 MiB). The chunks are written first and the archive
@@ -121,8 +122,10 @@ impl Etcd {
             let v: Value = serde_json::from_slice(&text).map_err(|e| unavailable(format!("{ep}{path}: {e}")))?;
             if status != 200 {
                 let msg = v["error"].as_str().or(v["message"].as_str()).unwrap_or("").to_string();
-                // A refusal (a request too large, a quota) is not an outage.
-                return Err(StoreError::Db(format!("etcd {path} answered {status}: {msg}")));
+                let msg = format!("etcd {path} answered {status}: {msg}");
+                // etcd's own trouble (no leader, ...) is an outage; a
+                // refusal (a request too large, a quota) is not.
+                return Err(if status >= 500 { StoreError::Unavailable(msg) } else { StoreError::Db(msg) });
             }
             return Ok(v);
         }
@@ -180,6 +183,7 @@ impl Meta for Etcd {
         let mut ops = vec![
             put_op(&self.key("functions", name), &spec_json),
             put_op(&self.key("stored_at", name), stored_ms.to_string().as_bytes()),
+            delete_op(&self.key("removed", name)),
         ];
         match placed {
             Some(ids) => ops.push(put_op(
@@ -210,6 +214,7 @@ impl Meta for Etcd {
             delete_op(&self.key("functions", name)),
             delete_op(&self.key("stored_at", name)),
             delete_op(&self.key("placements", name)),
+            put_op(&self.key("removed", name), crate::store::unix_ms().to_string().as_bytes()),
         ])?;
         // responses[0].response_delete_range.deleted: how many functions/NAME.
         let deleted = &v["responses"][0]["response_delete_range"]["deleted"];
@@ -231,6 +236,18 @@ impl Meta for Etcd {
         }
     }
 
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn removed(&self) -> Result<HashMap<String, u64>, StoreError> {
+        Ok(self
+            .range(&self.key("removed", ""))?
+            .into_iter()
+            .map(|(name, v)| (name, String::from_utf8_lossy(&v).parse().unwrap_or(0)))
+            .collect())
+    }
+
     fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError> {
         Ok(self
             .range(&self.key("stored_at", ""))?
@@ -239,8 +256,9 @@ impl Meta for Etcd {
             .collect())
     }
 
-    /// The revision of the keys under the prefix: a range that counts
-    /// them returns the store's revision in its header.
+    /// etcd's revision (a range's header carries it): it changes at every
+    /// write to the etcd cluster, ours or not, so a change here only says
+    /// the store may have changed.
     fn revision(&self) -> Result<Option<u64>, StoreError> {
         let v = self.call(
             "/v3/kv/range",

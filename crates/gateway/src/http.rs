@@ -248,6 +248,7 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
             Err(e) => store_error(&e),
         },
         (&Method::DELETE, ["functions", name]) => remove(sh, name).await,
+        (&Method::GET, ["logs", name]) => logs(sh, name, &query).await,
         (&Method::GET, ["trace"]) => {
             let (function, limit) = inputs::trace_query(&query);
             let req = ctl::Request::Trace { function, limit: limit as u32 };
@@ -320,6 +321,52 @@ fn join(sh: &GwShared, body: &[u8]) -> Resp {
 
 /// Sends a control request to every engine at once; the answers, in the
 /// table's order.
+/// A function's log from every engine that has one: each engine's text
+/// and the cursor to read on from (`staccato logs --follow` sends them
+/// back). An engine that cannot be asked is listed with its error.
+async fn logs(sh: &GwShared, name: &str, query: &str) -> Resp {
+    if !wire::valid_function_name(name) {
+        return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None);
+    }
+    let (lines, after) = match inputs::logs_query(query) {
+        Ok(q) => q,
+        Err(m) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &m, None),
+    };
+    let pending: Vec<_> = sh
+        .engines
+        .snapshot()
+        .iter()
+        .map(|e| {
+            let req = ctl::Request::Logs { function: name.to_string(), lines, after: after.get(&e.id).copied() };
+            let c = e.control.clone();
+            (e.clone(), tokio::task::spawn_local(async move { c.request(req).await }))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (e, task) in pending {
+        match task.await.unwrap_or(Err(ControlError::Gone)) {
+            Ok(ctl::Reply::Logs { text, next }) => out.push(json!({
+                "engine": e.id,
+                "text": text,
+                "cursor": format!("{}~{}~{}", e.id, next.file, next.offset),
+            })),
+            Ok(other) => return unexpected(&other),
+            Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => {}
+            Err(err) => out.push(json!({ "engine": e.id, "error": err.to_string() })),
+        }
+    }
+    if out.is_empty() {
+        match sh.store.get(name) {
+            Ok(Some(_)) => {} // deployed, nothing written yet
+            Ok(None) => {
+                return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None)
+            }
+            Err(e) => return store_error(&e),
+        }
+    }
+    json_resp(StatusCode::OK, &json!({ "function": name, "engines": out }))
+}
+
 async fn to_all(
     sh: &GwShared,
     req: ctl::Request,
@@ -441,6 +488,11 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         Ok(s) => s,
         Err(e) => return error_resp(StatusCode::BAD_REQUEST, "bad_request", &e.to_string(), None),
     };
+    // A store that cannot be written is found out before any engine is
+    // given anything (it would run a version the store never had).
+    if let Err(e) = sh.store.revision() {
+        return store_error(&e);
+    }
     for spec in &specs {
         let has = match sh.store.has_source(&spec.source) {
             Ok(has) => has,
@@ -474,6 +526,9 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
             Ok(a) => a,
             Err(e) => return store_error(&e),
         };
+        if let Err(e) = sh.store.share_source(&spec.source, &archive) {
+            return store_error(&e);
+        }
         let name = spec.name.clone();
         let (on, off): (Vec<Arc<Engine>>, Vec<Arc<Engine>>) =
             table.iter().cloned().partition(|e| route.as_ref().is_none_or(|r| r.serves(&e.id, &e.labels)));
@@ -549,9 +604,9 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
         match answer {
             Ok(_) => in_engine = true,
             Err(ControlError::Refused(r)) if r.kind == ctl::RefusalKind::NotFound => {}
-            // Removed from the store, but this engine was not told: it runs
-            // the function until it restarts (a reconnection only
-            // re-registers what the store has, it removes nothing). Logged,
+            // Removed from the store, but this engine was not told: the
+            // store remembers the removal, and the engine's next
+            // reconciliation removes it there (control::reconcile). Logged,
             // not refused: the function is gone as far as deploys and
             // listings go.
             Err(err) if in_store => log::warn!("removing function {name} from engine {}: {err}", e.id),
@@ -591,8 +646,6 @@ pub fn json_resp(status: StatusCode, v: &Value) -> Resp {
         .expect("static response parts")
 }
 
-/// An error body. Every 503 (`overloaded`, `engine_unavailable`) is worth
-/// retrying and says when: `Retry-After: 1`.
 /// The status a store failure is answered with: an unreachable shared
 /// store is the cluster's outage (503, retryable), anything else ours.
 fn store_status(e: &crate::store::StoreError) -> StatusCode {
@@ -608,6 +661,8 @@ fn store_error(e: &crate::store::StoreError) -> Resp {
     error_resp(status, kind, &e.to_string(), None)
 }
 
+/// An error body. Every 503 (`overloaded`, `engine_unavailable`,
+/// `store_unavailable`) is worth retrying and says when: `Retry-After: 1`.
 pub fn error_resp(status: StatusCode, kind: &str, message: &str, call_id: Option<&str>) -> Resp {
     let mut r = json_resp(status, &json!({"error": {"kind": kind, "message": message, "call_id": call_id}}));
     if status == StatusCode::SERVICE_UNAVAILABLE {

@@ -4,9 +4,11 @@
 //! answers a value or a message for the client, never a panic.
 
 use crate::http::TIMEOUT_HEADER;
+use api::control::{LogCursor, LOG_LINES_MAX};
 use api::spec::FunctionSpec;
 use hyper::header::{HeaderMap, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
 use serde_json::Value;
+use std::collections::HashMap;
 
 /// The most functions one deploy request may name.
 pub const DEPLOY_FUNCTIONS_MAX: usize = 256;
@@ -129,6 +131,62 @@ pub fn trace_query(query: &str) -> (Option<String>, u64) {
     (function, limit)
 }
 
+/// `%XX` escapes decoded; `None` for a malformed one or bytes that are
+/// not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// `GET /system/logs/NAME?lines=N&after=ENGINE~FILE~OFFSET,...`: lines from
+/// the end (default 50) for engines read for the first time, and where
+/// each engine's earlier read ended (from an earlier answer's `cursor`).
+pub fn logs_query(query: &str) -> Result<(u32, HashMap<String, LogCursor>), String> {
+    let (mut lines, mut after) = (50u32, HashMap::new());
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        match kv.split_once('=') {
+            Some(("lines", n)) => {
+                lines = n
+                    .parse()
+                    .ok()
+                    .filter(|&n| n <= LOG_LINES_MAX)
+                    .ok_or_else(|| format!("lines={n:?}: a whole number of lines up to {LOG_LINES_MAX}"))?
+            }
+            Some(("after", v)) => {
+                let v = percent_decode(v).ok_or_else(|| format!("after={v:?} is not well escaped"))?;
+                for c in v.split(',').filter(|c| !c.is_empty()) {
+                    let bad = || format!("after: {c:?} is not like ENGINE~FILE~OFFSET (a cursor an answer gave)");
+                    let mut parts = c.split('~');
+                    let (Some(id), Some(file), Some(offset), None) =
+                        (parts.next(), parts.next(), parts.next(), parts.next())
+                    else {
+                        return Err(bad());
+                    };
+                    if !api::cluster::valid_engine_id(id) || after.len() >= api::cluster::ENGINES_MAX {
+                        return Err(bad());
+                    }
+                    let (Ok(file), Ok(offset)) = (file.parse(), offset.parse()) else { return Err(bad()) };
+                    after.insert(id.to_string(), LogCursor { file, offset });
+                }
+            }
+            _ => return Err(format!("unknown query parameter in {kv:?} (lines, after)")),
+        }
+    }
+    Ok((lines, after))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,5 +253,27 @@ mod tests {
         assert_eq!(trace_query(""), (None, 100));
         assert_eq!(trace_query("function=f&limit=7"), (Some("f".into()), 7));
         assert_eq!(trace_query("limit=x&junk"), (None, 100));
+    }
+
+    #[test]
+    fn log_queries_are_checked() {
+        assert_eq!(logs_query("").unwrap(), (50, HashMap::new()));
+        let (lines, after) = logs_query("lines=7&after=127.0.0.1%3A7000~12~34,e2~0~0").unwrap();
+        assert_eq!(lines, 7);
+        assert_eq!(after["127.0.0.1:7000"], LogCursor { file: 12, offset: 34 });
+        assert_eq!(after["e2"], LogCursor { file: 0, offset: 0 });
+        for bad in [
+            "lines=-1",
+            "lines=100001",
+            "after=e1~1",
+            "after=e1~1~2~3",
+            "after=e%2F1~1~2",
+            "after=e1~x~2",
+            "after=%zz",
+            "after=%ff~1~2",
+            "follow=1",
+        ] {
+            assert!(logs_query(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -304,7 +304,7 @@ const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 /// through another gateway reaches the engines that joined only this one).
 /// While the store is unreachable, nothing changes here; it is said once.
 fn watch_store(store: Arc<Store>, placements: Arc<Placements>, engines: Arc<Engines>) {
-    if !matches!(store.revision(), Ok(Some(_))) {
+    if !store.shared() {
         return; // only this gateway writes it
     }
     let run = move || {
@@ -328,7 +328,10 @@ fn watch_store(store: Arc<Store>, placements: Arc<Placements>, engines: Arc<Engi
                 continue;
             }
             match placements.reload() {
-                Ok(_) => {
+                // A deploy here changed a route while the store was read:
+                // read again at the next tick.
+                Ok(None) => {}
+                Ok(Some(_)) => {
                     seen = r;
                     for e in engines.snapshot().iter() {
                         e.control.nudge();

@@ -75,16 +75,22 @@ impl Placements {
     }
 
     /// Reads every route again from the store (another gateway sharing it
-    /// changed it); true if any changed.
-    pub fn reload(&self) -> Result<bool, StoreError> {
+    /// changed it): `Some(changed)`, or `None` if a route changed here
+    /// while the store was read (what was read may be older than it; the
+    /// caller reads again).
+    pub fn reload(&self) -> Result<Option<bool>, StoreError> {
+        let before = self.version();
         let next = Placements::read(&self.store)?;
         let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        if self.version() != before {
+            return Ok(None);
+        }
         if *routes == next {
-            return Ok(false);
+            return Ok(Some(false));
         }
         *routes = next;
         self.version.fetch_add(1, Ordering::AcqRel);
-        Ok(true)
+        Ok(Some(true))
     }
 
     pub fn version(&self) -> u64 {

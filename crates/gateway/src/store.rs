@@ -19,6 +19,9 @@ const PLACEMENTS: TableDefinition<&str, &[u8]> = TableDefinition::new("placement
 /// When each function was stored (Unix ms): an engine's copy registered
 /// before that, in another version, missed a deploy (`control::reconcile`).
 const STORED_AT: TableDefinition<&str, u64> = TableDefinition::new("stored_at");
+/// When each removed function was removed (Unix ms), until it is stored
+/// again: an engine that was away then drops its copy when it is back.
+const REMOVED: TableDefinition<&str, u64> = TableDefinition::new("removed");
 
 pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -58,6 +61,12 @@ pub trait Meta: Send + Sync {
     fn list(&self) -> Result<Vec<FunctionSpec>, StoreError>;
     fn get(&self, name: &str) -> Result<Option<FunctionSpec>, StoreError>;
     fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError>;
+    /// Functions removed and not stored since: when (Unix ms).
+    fn removed(&self) -> Result<HashMap<String, u64>, StoreError>;
+    /// Whether other gateways may write it too.
+    fn shared(&self) -> bool {
+        false
+    }
     /// A number that changes whenever another gateway may have changed the
     /// store; `None` for a store only this gateway writes.
     fn revision(&self) -> Result<Option<u64>, StoreError> {
@@ -109,6 +118,23 @@ impl Store {
     /// none can).
     pub fn revision(&self) -> Result<Option<u64>, StoreError> {
         self.meta.revision()
+    }
+
+    /// Whether other gateways may write it too (then it is watched).
+    pub fn shared(&self) -> bool {
+        self.meta.shared()
+    }
+
+    /// Makes sure a shared store has the archive a deploy is about to name
+    /// (this gateway's copy may be all that is left of it: another gateway
+    /// may have pruned it).
+    pub fn share_source(&self, digest: &str, archive: &[u8]) -> Result<(), StoreError> {
+        self.meta.put_archive(digest, archive)
+    }
+
+    /// Functions removed and not stored since, and when.
+    pub fn removed(&self) -> Result<HashMap<String, u64>, StoreError> {
+        self.meta.removed()
     }
 
     fn source_path(&self, digest: &str) -> Option<PathBuf> {
@@ -238,6 +264,7 @@ impl Local {
         tx.open_table(FUNCTIONS).map_err(db)?;
         tx.open_table(PLACEMENTS).map_err(db)?;
         tx.open_table(STORED_AT).map_err(db)?;
+        tx.open_table(REMOVED).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(Local { db: database })
     }
@@ -253,6 +280,7 @@ impl Meta for Local {
         let tx = self.db.begin_write().map_err(db)?;
         tx.open_table(FUNCTIONS).map_err(db)?.insert(spec.name.as_str(), bytes.as_slice()).map_err(db)?;
         tx.open_table(STORED_AT).map_err(db)?.insert(spec.name.as_str(), stored_ms).map_err(db)?;
+        tx.open_table(REMOVED).map_err(db)?.remove(spec.name.as_str()).map_err(db)?;
         {
             let mut t = tx.open_table(PLACEMENTS).map_err(db)?;
             match placed {
@@ -292,6 +320,7 @@ impl Meta for Local {
         let existed = tx.open_table(FUNCTIONS).map_err(db)?.remove(name).map_err(db)?.is_some();
         tx.open_table(PLACEMENTS).map_err(db)?.remove(name).map_err(db)?;
         tx.open_table(STORED_AT).map_err(db)?.remove(name).map_err(db)?;
+        tx.open_table(REMOVED).map_err(db)?.insert(name, unix_ms()).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(existed)
     }
@@ -308,15 +337,8 @@ impl Meta for Local {
         Ok(out)
     }
 
-    fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError> {
-        let tx = self.db.begin_read().map_err(db)?;
-        let table = tx.open_table(STORED_AT).map_err(db)?;
-        let mut out = HashMap::new();
-        for row in table.iter().map_err(db)? {
-            let (k, v) = row.map_err(db)?;
-            out.insert(k.value().to_string(), v.value());
-        }
-        Ok(out)
+    fn removed(&self) -> Result<HashMap<String, u64>, StoreError> {
+        self.stamps(REMOVED)
     }
 
     fn get(&self, name: &str) -> Result<Option<FunctionSpec>, StoreError> {
@@ -326,6 +348,23 @@ impl Meta for Local {
             Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(name.into(), e))?)),
             None => Ok(None),
         }
+    }
+
+    fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError> {
+        self.stamps(STORED_AT)
+    }
+}
+
+impl Local {
+    fn stamps(&self, t: TableDefinition<&str, u64>) -> Result<HashMap<String, u64>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = tx.open_table(t).map_err(db)?;
+        let mut out = HashMap::new();
+        for row in table.iter().map_err(db)? {
+            let (k, v) = row.map_err(db)?;
+            out.insert(k.value().to_string(), v.value());
+        }
+        Ok(out)
     }
 }
 
@@ -369,10 +408,14 @@ mod tests {
         assert!(s.placements().expect("placements").is_empty());
         s.set_placed("f", &["e2".to_string()]).expect("set");
         assert_eq!(s.placements().expect("placements")[0].1, vec!["e2".to_string()]);
-        assert_eq!(s.get("f").expect("get"), Some(spec));
+        assert_eq!(s.get("f").expect("get"), Some(spec.clone()));
         assert!(s.remove("f").expect("remove"));
         assert!(s.placements().expect("placements").is_empty(), "removed with its function");
         assert!(s.stored_at().expect("stamps").is_empty(), "its stamp too");
+        assert!(s.removed().expect("removed").contains_key("f"), "remembered as removed");
+        s.put(&spec, None).expect("stored again");
+        assert!(s.removed().expect("removed").is_empty(), "no longer removed");
+        assert!(s.remove("f").expect("remove"));
         assert!(!s.remove("f").expect("remove again"));
         assert!(s.list().expect("list").is_empty());
 

@@ -359,6 +359,104 @@ impl Sink {
     }
 }
 
+/// Where a reader of a log got to: the file (by inode) and the offset in
+/// it. A log is rotated by renaming, so the inode follows the file it read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cursor {
+    pub file: u64,
+    pub offset: u64,
+}
+
+/// One file's inode and bytes `from..` (at most `max`); an absent file is
+/// empty, with inode 0.
+fn read_from(path: &Path, from: u64, max: usize) -> io::Result<(u64, Vec<u8>)> {
+    use std::io::Seek;
+    use std::os::unix::fs::MetadataExt;
+    let mut f = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, Vec::new())),
+        Err(e) => return Err(e),
+    };
+    let meta = f.metadata()?;
+    let len = meta.len();
+    let from = from.min(len);
+    f.seek(io::SeekFrom::Start(from))?;
+    let mut out = Vec::with_capacity(((len - from) as usize).min(max));
+    f.take(max as u64).read_to_end(&mut out)?;
+    Ok((meta.ino(), out))
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(path).ok().filter(|m| m.is_file()).map(|m| m.ino())
+}
+
+/// Reads the log a [`Stream`] writes at `path` (and the older file its
+/// rotation keeps beside it), at most `max` bytes. With no cursor: its last
+/// `lines` lines. With one: what was written since (the rest of a file that
+/// was rotated meanwhile, then the new one; everything there is if the
+/// reader fell so far behind that its file is gone). Returns the bytes and
+/// where the next read starts.
+pub fn read(path: &Path, after: Option<Cursor>, lines: usize, max: usize) -> io::Result<(Vec<u8>, Cursor)> {
+    let mut rotated = path.as_os_str().to_owned();
+    rotated.push(".1");
+    let rotated = PathBuf::from(rotated);
+    match after {
+        Some(c) if c.file != 0 && inode(path) == Some(c.file) => {
+            let (file, out) = read_from(path, c.offset, max)?;
+            Ok((out.clone(), Cursor { file, offset: c.offset.saturating_add(out.len() as u64) }))
+        }
+        Some(c) if c.file != 0 && inode(&rotated) == Some(c.file) => {
+            let (_, mut out) = read_from(&rotated, c.offset, max)?;
+            if out.len() >= max {
+                let offset = c.offset.saturating_add(out.len() as u64);
+                return Ok((out, Cursor { file: c.file, offset }));
+            }
+            let (file, more) = read_from(path, 0, max - out.len())?;
+            let offset = more.len() as u64;
+            out.extend_from_slice(&more);
+            Ok((out, Cursor { file, offset }))
+        }
+        Some(_) => {
+            let (file, out) = read_from(path, 0, max)?;
+            let offset = out.len() as u64;
+            Ok((out, Cursor { file, offset }))
+        }
+        None => {
+            // The newest `max` bytes of the two files, then their last lines.
+            let len = fs::metadata(path).map_or(0, |m| m.len());
+            let (file, current) = read_from(path, len.saturating_sub(max as u64), max)?;
+            let end = Cursor { file, offset: len.saturating_sub(max as u64) + current.len() as u64 };
+            let mut all = Vec::new();
+            if current.len() < max {
+                let old = fs::metadata(&rotated).map_or(0, |m| m.len());
+                let room = (max - current.len()) as u64;
+                all = read_from(&rotated, old.saturating_sub(room), room as usize)?.1;
+            }
+            all.extend_from_slice(&current);
+            Ok((last_lines(&all, lines).to_vec(), end))
+        }
+    }
+}
+
+/// The last `n` lines of `text` (a last line without its newline counts).
+fn last_lines(text: &[u8], n: usize) -> &[u8] {
+    if n == 0 {
+        return &[];
+    }
+    let body = text.strip_suffix(b"\n").unwrap_or(text);
+    let mut seen = 0;
+    for (i, b) in body.iter().enumerate().rev() {
+        if *b == b'\n' {
+            seen += 1;
+            if seen == n {
+                return &text[i + 1..];
+            }
+        }
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,5 +571,40 @@ mod tests {
         assert!(Caps { file_bytes: 1000, rate_bytes: 1 << 20 }.check().is_err());
         assert!(Caps { file_bytes: 1 << 20, rate_bytes: 10 }.check().is_err());
         assert!(Caps::DEFAULT.check().is_ok());
+    }
+
+    #[test]
+    fn a_reader_follows_the_log_across_a_rotation() {
+        let dir = std::env::temp_dir().join(format!("staccato-logread-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("f.log");
+        // No log yet: nothing, and a cursor that finds the file once made.
+        let (out, c0) = read(&path, None, 10, 1 << 20).expect("read");
+        assert!(out.is_empty());
+        fs::write(&path, b"one\ntwo\nthree\n").expect("write");
+        let (out, c1) = read(&path, None, 2, 1 << 20).expect("read");
+        assert_eq!(out, b"two\nthree\n");
+        assert_eq!(read(&path, Some(c0), 0, 1 << 20).expect("read").0, b"one\ntwo\nthree\n");
+        // Appended: only what is new; capped: the rest at the next read.
+        let mut f = OpenOptions::new().append(true).open(&path).expect("open");
+        std::io::Write::write_all(&mut f, b"four\nfive\n").expect("append");
+        let (out, c2) = read(&path, Some(c1), 0, 5).expect("read");
+        assert_eq!(out, b"four\n");
+        // Rotated (renamed aside), then a new file: the rest of the old
+        // one, then the new one.
+        fs::rename(&path, dir.join("f.log.1")).expect("rotate");
+        fs::write(&path, b"six\n").expect("write");
+        let (out, c3) = read(&path, Some(c2), 0, 1 << 20).expect("read");
+        assert_eq!(out, b"five\nsix\n");
+        assert_eq!(read(&path, Some(c3), 0, 1 << 20).expect("read").0, b"");
+        // The last lines span both files.
+        assert_eq!(read(&path, None, 3, 1 << 20).expect("read").0, b"four\nfive\nsix\n");
+        // A reader whose file is gone altogether starts the current one.
+        let gone = Cursor { file: u64::MAX - 1, offset: 3 };
+        assert_eq!(read(&path, Some(gone), 0, 1 << 20).expect("read").0, b"six\n");
+        assert_eq!(last_lines(b"a\nb", 1), b"b");
+        assert_eq!(last_lines(b"a\nb\n", 5), b"a\nb\n");
+        let _ = fs::remove_dir_all(dir);
     }
 }

@@ -81,14 +81,20 @@ enum Cmd {
         #[arg(required = true)]
         names: Vec<String>,
     },
-    /// Print a function's log (its workers' standard output and error).
+    /// Print a function's log (its workers' standard output and error),
+    /// from every engine that runs it, through the gateway.
     Logs {
         name: String,
+        /// Read the log files under this state directory (of `staccato up`)
+        /// instead of asking the gateway.
         #[arg(long, env = "STACCATO_STATE_DIR")]
         state_dir: Option<PathBuf>,
         /// Lines from the end.
         #[arg(short = 'n', long, default_value_t = 50)]
         lines: usize,
+        /// Keep printing what the function writes, until interrupted.
+        #[arg(short = 'f', long)]
+        follow: bool,
     },
     /// Recent call traces (receive, dispatch, complete timestamps).
     Trace {
@@ -140,9 +146,15 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::Logs { ref name, ref state_dir, lines } => {
+        Cmd::Logs { ref name, state_dir: None, lines, follow } => {
+            function_name(name)?;
+            logs(&mut client()?, &cli.gateway, name, lines, follow)
+        }
+        Cmd::Logs { follow: true, .. } => bail!("--follow asks the gateway; it cannot be used with --state-dir"),
+        Cmd::Logs { ref name, state_dir: Some(ref state_dir), lines, .. } => {
+            function_name(name)?;
             // `up` gives the engine <state-dir>/engine, which keeps the logs.
-            let path = up::state_dir(state_dir.clone()).join("engine").join("logs").join(format!("{name}.log"));
+            let path = up::state_dir(Some(state_dir.clone())).join("engine").join("logs").join(format!("{name}.log"));
             let text = std::fs::read(&path).with_context(|| format!("no log for {name} at {}", path.display()))?;
             // The rotated file first, if the current one is short of lines.
             let mut older = std::fs::read(path.with_extension("log.1")).unwrap_or_default();
@@ -343,6 +355,56 @@ fn engines(c: &mut Gateway, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `staccato logs` through the gateway: each engine's part (prefixed with
+/// the engine when several have one); with `follow`, what comes after,
+/// every half second, from where each engine's last read ended.
+fn logs(c: &mut Gateway, gateway: &str, name: &str, lines: usize, follow: bool) -> Result<()> {
+    use std::io::Write;
+    let mut cursors: std::collections::BTreeMap<String, String> = Default::default();
+    let mut warned = std::collections::BTreeSet::new();
+    let mut first = true;
+    loop {
+        // Engines read for the first time after the first round start at
+        // their end: only what they write from now on.
+        let mut path = format!("/system/logs/{name}?lines={}", if first { lines } else { 0 });
+        if !cursors.is_empty() {
+            path.push_str("&after=");
+            path.push_str(&cursors.values().cloned().collect::<Vec<_>>().join(","));
+        }
+        let r = c.request("GET", &path, b"").map_err(unreachable(gateway))?;
+        let v = check(&r)?;
+        let parts = v["engines"].as_array().cloned().unwrap_or_default();
+        let many = parts.len() > 1;
+        let mut out = std::io::stdout().lock();
+        for p in &parts {
+            let engine = p["engine"].as_str().unwrap_or("");
+            if let Some(err) = p["error"].as_str() {
+                if warned.insert(engine.to_string()) {
+                    eprintln!("warning: engine {engine}: {err}");
+                }
+                continue;
+            }
+            let text = p["text"].as_str().unwrap_or("");
+            if many {
+                for l in text.lines() {
+                    writeln!(out, "[{engine}] {l}")?;
+                }
+            } else {
+                write!(out, "{text}")?;
+            }
+            if let Some(cur) = p["cursor"].as_str() {
+                cursors.insert(engine.to_string(), cur.to_string());
+            }
+        }
+        out.flush()?;
+        if !follow {
+            return Ok(());
+        }
+        first = false;
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }
 
 fn ls(c: &mut Gateway, json: bool) -> Result<()> {
