@@ -405,6 +405,20 @@ impl EngineLink {
 mod tests {
     use super::*;
 
+    /// A link to the test's engine at `addr`, once it is up.
+    async fn link_up(addr: SocketAddr, secret: api::auth::Secret) -> Rc<EngineLink> {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let link = EngineLink::start(addr, secret, 0, tx);
+        for _ in 0..200 {
+            if link.is_up() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(link.is_up(), "the link never came up");
+        link
+    }
+
     /// An engine that accepts the link and then reads nothing and answers
     /// nothing, not even pings (a stopped process, a cut cable): within
     /// the silence limit the link closes; a call whose frame it took is
@@ -427,15 +441,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let local = tokio::task::LocalSet::new();
         local.block_on(&rt, async move {
-            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-            let link = EngineLink::start(addr, secret, 0, tx);
-            for _ in 0..200 {
-                if link.is_up() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            assert!(link.is_up(), "the link never came up");
+            let link = link_up(addr, secret).await;
             let l = link.clone();
             let small = tokio::task::spawn_local(async move { l.call(1, 0, "f", b"x").await });
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -486,15 +492,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let local = tokio::task::LocalSet::new();
         local.block_on(&rt, async move {
-            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-            let link = EngineLink::start(addr, secret, 0, tx);
-            for _ in 0..200 {
-                if link.is_up() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            assert!(link.is_up(), "the link never came up");
+            let link = link_up(addr, secret).await;
             let l = link.clone();
             let t0 = Instant::now();
             let call = tokio::task::spawn_local(async move { l.call(1, 0, "f", &vec![7u8; 24 << 20]).await });

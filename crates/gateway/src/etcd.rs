@@ -159,6 +159,15 @@ impl Etcd {
         self.call("/v3/kv/put", &json!({ "key": b64(key), "value": b64(value) })).map(|_| ())
     }
 
+    /// Every function's stamp of a kind (Unix ms; 0 if unreadable).
+    fn stamps(&self, kind: &str) -> Result<HashMap<String, u64>, StoreError> {
+        Ok(self
+            .range(&self.key(kind, ""))?
+            .into_iter()
+            .map(|(name, v)| (name, String::from_utf8_lossy(&v).parse().unwrap_or(0)))
+            .collect())
+    }
+
     fn txn(&self, ops: Vec<Value>) -> Result<Value, StoreError> {
         self.call("/v3/kv/txn", &json!({ "success": ops }))
     }
@@ -241,19 +250,11 @@ impl Meta for Etcd {
     }
 
     fn removed(&self) -> Result<HashMap<String, u64>, StoreError> {
-        Ok(self
-            .range(&self.key("removed", ""))?
-            .into_iter()
-            .map(|(name, v)| (name, String::from_utf8_lossy(&v).parse().unwrap_or(0)))
-            .collect())
+        self.stamps("removed")
     }
 
     fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError> {
-        Ok(self
-            .range(&self.key("stored_at", ""))?
-            .into_iter()
-            .map(|(name, v)| (name, String::from_utf8_lossy(&v).parse().unwrap_or(0)))
-            .collect())
+        self.stamps("stored_at")
     }
 
     /// etcd's revision (a range's header carries it): it changes at every
