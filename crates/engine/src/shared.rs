@@ -34,6 +34,8 @@ pub(crate) struct Function {
     pub log: Arc<sandbox::logs::Stream>,
     /// When this version was built and registered.
     pub registered: Instant,
+    /// Its spec's fingerprint (reported in every status, so made once).
+    pub fingerprint: String,
     pub core: Mutex<FnCore>,
 }
 
@@ -784,7 +786,7 @@ impl Shared {
                 });
                 FunctionStatus {
                     name: f.spec.name.clone(),
-                    spec: f.spec.fingerprint(),
+                    spec: f.fingerprint.clone(),
                     age_ms: f.registered.elapsed().as_millis() as u64,
                     runtime: f.spec.runtime.name().to_string(),
                     container,

@@ -225,6 +225,7 @@ impl Supervisor {
             code_dir: b.code_dir,
             deps,
             registered: Instant::now(),
+            fingerprint: spec.fingerprint(),
             core: Mutex::new(FnCore {
                 sched: Scheduler::new(spec.min_workers, spec.max_workers, cfg.ema_alpha),
                 workers: HashMap::new(),
