@@ -2,7 +2,7 @@
 # Toolchains installed outside the default PATH on Debian images.
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/.cargo/bin
 
-.PHONY: setup build demo test test-unit test-runtimes test-integration fuzz bench lint fmt clean
+.PHONY: setup build demo demo-cluster test test-unit test-runtimes test-integration fuzz bench lint fmt clean
 
 setup:
 	@scripts/setup.sh
@@ -12,6 +12,11 @@ build: setup
 ## The demo: install, build, start Staccato on 127.0.0.1:8080, deploy examples, invoke them.
 demo: setup
 	@scripts/demo.sh
+
+## The cluster demo (root): two gateways on etcd and three engines, each on a
+## test host made of a network namespace; a cable pulled; all torn down after.
+demo-cluster: setup
+	@scripts/demo-cluster.sh
 
 ## Every test: formatting and clippy (lint), Rust unit and vector tests, each
 ## runtime's own suite, integration tests, the shared conformance suite for all

@@ -5,9 +5,12 @@
 //! * [`micro`]: raw pipes, message channels and plain HTTP as floors, then
 //!   internal and external calls and throughput for every language;
 //! * [`coldstart`]: container starts with `runc run`, from the isolation
-//!   pool, by resuming a paused container, and by zygote fork.
+//!   pool, by resuming a paused container, and by zygote fork;
+//! * [`bed`]: a cluster on test hosts (network namespaces), for the
+//!   cluster benchmarks, the demo and the cluster tests.
 #![forbid(unsafe_code)]
 
+pub mod bed;
 pub mod coldstart;
 pub mod micro;
 

@@ -200,7 +200,7 @@ impl Supervisor {
         let (spec, deps) = match (b.spec, b.deps) {
             (Some(spec), Ok(deps)) if newest => (spec, deps),
             (_, result) => {
-                remove_code_dir(&b.code_dir);
+                self.remove_code(&b.name, &b.code_dir);
                 let refusal = result.err().unwrap_or_else(|| superseded(&b.name));
                 let _ = reply.send(Err(refusal));
                 self.forget_deploy(&b.name);
@@ -211,7 +211,7 @@ impl Supervisor {
         let log = match self.log_stream(&spec.name, b.generation) {
             Ok(log) => log,
             Err(e) => {
-                remove_code_dir(&b.code_dir);
+                self.remove_code(&spec.name, &b.code_dir);
                 let _ = reply.send(Err(internal(e.to_string())));
                 self.forget_deploy(&spec.name);
                 return;
@@ -243,6 +243,18 @@ impl Supervisor {
         let deadline = Instant::now() + Duration::from_millis(cfg.launcher_ready_timeout_ms);
         self.starting.push(Starting { func, seq: b.seq, deadline, reply });
         self.watch_starts();
+    }
+
+    /// Removes a deploy's code, and the function's directory when nothing
+    /// else of it is left. Not that directory while another deploy of the
+    /// name is building: it may be making its own directory in it (two
+    /// gateways restoring one engine at once do that).
+    fn remove_code(&self, name: &str, code_dir: &std::path::Path) {
+        if self.deploying(name) {
+            let _ = fs::remove_dir_all(code_dir);
+        } else {
+            remove_code_dir(code_dir);
+        }
     }
 
     /// Whether `seq` is still the newest deploy or removal of `name`.
@@ -511,11 +523,7 @@ impl Supervisor {
             }
         }
         let _ = fs::remove_dir_all(&f.dir);
-        let _ = fs::remove_dir_all(&f.code_dir);
-        // The function's state directory, once no version is left in it.
-        if let Some(parent) = f.code_dir.parent() {
-            let _ = fs::remove_dir(parent);
-        }
+        self.remove_code(&f.spec.name, &f.code_dir);
     }
 
     fn start_launcher(&mut self, f: &Arc<Function>) {
@@ -739,7 +747,9 @@ fn build(shared: &Shared, spec: FunctionSpec, archive: &[u8], seq: u64, generati
         }
     }
     if deps.is_err() {
-        remove_code_dir(&code_dir);
+        // Only its own directory: the supervisor removes the function's
+        // when no other deploy of it is building (`remove_code`).
+        let _ = fs::remove_dir_all(&code_dir);
     }
     Built { seq, name: spec.name.clone(), spec: Some(spec), generation, code_dir, deps }
 }

@@ -293,10 +293,20 @@ fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// How long an engine may take to answer a status request before its
+/// control connection is taken for dead (a cut cable leaves a TCP read
+/// waiting for many minutes). Registrations, which may build for minutes,
+/// have no limit.
+const STATUS_ANSWER_MAX: Duration = Duration::from_secs(2);
+
 /// The engine's functions.
 fn status(c: &mut TcpStream) -> Result<Vec<Running>, ControlError> {
     let now = unix_ms();
-    match roundtrip(c, &Request::Status, &[])? {
+    let limit = |c: &TcpStream, d| c.set_read_timeout(d).map_err(|e| ControlError::Broken(e.to_string()));
+    limit(c, Some(STATUS_ANSWER_MAX))?;
+    let answer = roundtrip(c, &Request::Status, &[]);
+    limit(c, None)?;
+    match answer? {
         Reply::Status { functions } => Ok(functions
             .into_iter()
             .map(|f| Running { name: f.name, spec: f.spec, since_ms: now.saturating_sub(f.age_ms) })
@@ -418,10 +428,17 @@ fn reconcile(
             }
             Err(e @ ControlError::Broken(_)) => return Err(e),
             Err(e) => {
-                log::error!("restoring function {name}: {e}");
                 // Not asked again until the spec changes, unless the engine
-                // was only busy (asked again at the next reconciliation).
-                if !matches!(&e, ControlError::Refused(r) if r.kind == RefusalKind::Busy) {
+                // was only busy, or took another deploy of the name meanwhile
+                // (another gateway restoring it too): both are looked at
+                // again at the next reconciliation.
+                let again = |k| matches!(&e, ControlError::Refused(r) if r.kind == k);
+                if again(RefusalKind::Superseded) {
+                    log::info!("restoring function {name}: another deploy of it came first ({e})");
+                    continue;
+                }
+                log::error!("restoring function {name}: {e}");
+                if !again(RefusalKind::Busy) {
                     failed.insert(fingerprint);
                 }
             }

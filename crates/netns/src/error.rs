@@ -15,6 +15,8 @@ pub enum Error {
     IndexOutOfRange(u32),
     #[error("a testbed has 1 to {max} hosts, not {0}", max = crate::testbed::HOSTS_MAX)]
     HostCount(u32),
+    #[error("no testbed {prefix:?} exists (found namespaces {found:?}): make one first")]
+    NoTestbed { prefix: String, found: Vec<String> },
     #[error("`{tool}` not found in PATH or /usr/sbin: install the Debian package {package}")]
     ToolMissing { tool: String, package: String },
     /// Reading or writing /proc, /sys or /run/netns.

@@ -12,7 +12,10 @@
 //!
 //! A host's "cable" is its `eth0`: [`Testbed::set_link`] takes it down and
 //! up, as pulling a server's cable would. Processes run in a host through
-//! [`Testbed::command`] (`ip netns exec`); loopback in each host is its own.
+//! [`Testbed::command`] (`nsenter --net`: only the network namespace
+//! changes, unlike `ip netns exec`, which also remounts /sys and so hides
+//! the cgroup hierarchy an engine's containers need); loopback in each host
+//! is its own.
 //!
 //! Architecture invariant: only namespaces named `stb-<prefix>-sw` and
 //! `stb-<prefix>-<digits>` are made or removed here.
@@ -53,6 +56,8 @@ pub struct Testbed {
     prefix: String,
     ip: PathBuf,
     hosts: Vec<TestHost>,
+    /// Made by this value (removed on drop), or found by [`Testbed::existing`].
+    owned: bool,
 }
 
 impl Testbed {
@@ -65,7 +70,7 @@ impl Testbed {
         }
         let ip = exec::find_tool("ip", "iproute2")?;
         let hosts = (0..n).map(|i| TestHost { index: i, netns: host_netns(prefix, i), addr: host_addr(i) }).collect();
-        let bed = Testbed { prefix: prefix.to_string(), ip, hosts };
+        let bed = Testbed { prefix: prefix.to_string(), ip, hosts, owned: true };
         bed.remove_all()?;
         if let Err(e) = bed.build() {
             return Err(match bed.remove_all() {
@@ -76,6 +81,28 @@ impl Testbed {
         Ok(bed)
     }
 
+    /// The testbed another process made under `prefix`, to run commands in
+    /// its hosts or pull their cables; dropping it leaves the hosts
+    /// ([`Testbed::destroy`] removes them).
+    pub fn existing(prefix: &str) -> Result<Testbed> {
+        naming::validate_prefix(prefix)?;
+        let ip = exec::find_tool("ip", "iproute2")?;
+        let lead = format!("stb-{prefix}-");
+        let found = testbed_namespaces(prefix)?;
+        let mut indices: Vec<u32> = found.iter().filter_map(|n| naming::index_in(n, &lead)).collect();
+        indices.sort_unstable();
+        if indices.is_empty() || indices.iter().enumerate().any(|(i, &x)| i as u32 != x) {
+            return Err(Error::NoTestbed { prefix: prefix.to_string(), found });
+        }
+        let hosts =
+            indices.into_iter().map(|i| TestHost { index: i, netns: host_netns(prefix, i), addr: host_addr(i) });
+        Ok(Testbed { prefix: prefix.to_string(), ip, hosts: hosts.collect(), owned: false })
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn hosts(&self) -> &[TestHost] {
         &self.hosts
     }
@@ -84,11 +111,20 @@ impl Testbed {
         &self.hosts[index as usize]
     }
 
-    /// `program` to be run inside host `index` (through `ip netns exec`).
+    /// `program` to be run inside host `index`: `nsenter` moves into its
+    /// network namespace and execs it, so the child's pid is the program's.
     pub fn command(&self, index: u32, program: &str) -> Command {
-        let mut cmd = Command::new(&self.ip);
-        cmd.args(["netns", "exec", &self.host(index).netns, program]);
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.host(index).path().display())).arg("--").arg(program);
         cmd
+    }
+
+    /// Every process whose network namespace is host `index`'s (or the
+    /// switch's, for `None`) — those a test started there.
+    pub fn pids(&self, index: Option<u32>) -> Result<Vec<u32>> {
+        let ns = index.map_or_else(|| switch_netns(&self.prefix), |i| self.host(i).netns.clone());
+        let out = exec::run(&self.ip, &["netns", "pids", &ns], "")?;
+        Ok(out.split_whitespace().filter_map(|p| p.parse().ok()).collect())
     }
 
     /// Plugs host `index`'s cable in (`up`) or pulls it out.
@@ -98,11 +134,11 @@ impl Testbed {
         exec::run(&self.ip, &args, &format!("link set eth0 {state}\n")).map(drop)
     }
 
-    /// Removes every host and the switch now (Drop does it too).
-    pub fn destroy(self) -> Result<()> {
-        let r = self.remove_all();
-        std::mem::forget(self);
-        r
+    /// Removes every host and the switch now (Drop does it too, for a
+    /// testbed this value made).
+    pub fn destroy(mut self) -> Result<()> {
+        self.owned = false;
+        self.remove_all()
     }
 
     /// The switch and its bridge first, then each host's end of its cable.
@@ -148,10 +184,20 @@ impl Testbed {
 
 impl Drop for Testbed {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         if let Err(e) = self.remove_all() {
             // Drop cannot fail; the next `create` with this prefix retries.
             eprintln!("removing testbed {}: {e}", self.prefix);
         }
+    }
+}
+
+impl TestHost {
+    /// Where its namespace is bound: what `setns` and `nsenter` open.
+    pub fn path(&self) -> PathBuf {
+        std::path::Path::new(naming::NETNS_DIR).join(&self.netns)
     }
 }
 

@@ -6,6 +6,7 @@
 mod bench;
 mod cache_cmd;
 mod new;
+mod testbed_cmd;
 mod up;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -108,6 +109,10 @@ enum Cmd {
     /// The local package cache of functions' Python and Node dependencies.
     #[command(subcommand)]
     Cache(cache_cmd::CacheCmd),
+    /// A cluster on this machine: gateways and engines on test hosts made
+    /// of network namespaces (a demo, and the cluster tests' harness).
+    #[command(subcommand)]
+    Testbed(testbed_cmd::TestbedCmd),
 }
 
 fn main() {
@@ -205,6 +210,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Bench(b) => bench::run(b, &cli.gateway, tok),
         Cmd::Cache(c) => cache_cmd::run(c),
+        Cmd::Testbed(c) => testbed_cmd::run(c),
     }
 }
 
@@ -298,8 +304,9 @@ fn invoke(c: &mut Gateway, name: &str, data: Option<&str>, timeout_ms: Option<u3
         .request_with_headers("POST", &path, &input, &headers)
         .context("cannot reach the gateway (is `staccato up` running?)")?;
     if verbose {
+        let engine = r.header("x-staccato-engine").map_or(String::new(), |e| format!("  engine {e}"));
         eprintln!(
-            "call {}  status {}  {}",
+            "call {}  status {}  {}{engine}",
             r.header("x-call-id").unwrap_or("-"),
             r.status,
             r.header("x-staccato-timing").unwrap_or("")
@@ -346,9 +353,10 @@ fn engines(c: &mut Gateway, json: bool) -> Result<()> {
             e["address"].as_str().unwrap_or(""),
             e["kind"].as_str().unwrap_or(""),
             e["state"].as_str().unwrap_or(""),
-            e["in_flight"],
-            e["calls"],
-            e["forwarded"],
+            // Value's Display ignores the width: print the numbers.
+            e["in_flight"].as_u64().unwrap_or(0),
+            e["calls"].as_u64().unwrap_or(0),
+            e["forwarded"].as_u64().unwrap_or(0),
             lease,
             functions,
             labels.join(",")
