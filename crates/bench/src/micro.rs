@@ -70,7 +70,7 @@ pub fn git_describe() -> Option<String> {
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-struct Row {
+pub(crate) struct Row {
     name: String,
     mode: String,
     samples_ns: Vec<u64>,
@@ -79,9 +79,13 @@ struct Row {
 }
 
 impl Row {
-    fn latency(name: &str, mode: &str, mut samples_ns: Vec<u64>) -> Row {
+    pub(crate) fn latency(name: &str, mode: &str, mut samples_ns: Vec<u64>) -> Row {
         samples_ns.sort_unstable();
         Row { name: name.into(), mode: mode.into(), samples_ns, rate: None }
+    }
+
+    pub(crate) fn rate(name: &str, mode: &str, per_s: f64) -> Row {
+        Row { name: name.into(), mode: mode.into(), samples_ns: vec![], rate: Some(per_s) }
     }
 
     /// Nearest rank, the definition `bench run` and the analyzer use too.
@@ -89,7 +93,7 @@ impl Row {
         loadgen::stats::percentile(&self.samples_ns, p).map_or(f64::NAN, |ns| ns as f64 / 1000.0)
     }
 
-    fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         match self.rate {
             Some(r) => json!({"name": self.name, "mode": self.mode, "requests_per_s": r}),
             None => json!({
@@ -171,7 +175,7 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
         rows.push(Row::latency(&format!("worker ready, {label}"), mode, worker_ready(&mut c, lang, &nop)?));
     }
     eprintln!("  external throughput (C nop), {} connections, {:.0} s", a.connections, a.duration_s);
-    let rate = throughput(server.addr, "bench-nop-c", a.connections, Duration::from_secs_f64(a.duration_s))?;
+    let rate = throughput(server.addr, "bench-nop-c", a.connections, Duration::from_secs_f64(a.duration_s))?.per_s;
     rows.push(Row {
         name: format!("external throughput, {} conns", a.connections),
         mode: mode.into(),
@@ -211,15 +215,15 @@ fn worker_ready(c: &mut Client, lang: &str, name: &str) -> Result<Vec<u64>> {
 
 const WORKER_READY_SAMPLES: usize = 5;
 
-fn print_table(rows: &[Row]) {
-    println!("{:<36} {:<13} {:>9} {:>9} {:>9} {:>8}", "measurement", "placement", "p50 µs", "p99 µs", "p99.9 µs", "n");
+pub(crate) fn print_table(rows: &[Row]) {
+    println!("{:<40} {:<13} {:>9} {:>9} {:>9} {:>8}", "measurement", "placement", "p50 µs", "p99 µs", "p99.9 µs", "n");
     for r in rows {
         match r.rate {
             Some(rate) => {
-                println!("{:<36} {:<13} {:>9} {:>9} {:>9} {:>8}", r.name, r.mode, format!("{rate:.0}/s"), "", "", "")
+                println!("{:<40} {:<13} {:>9} {:>9} {:>9} {:>8}", r.name, r.mode, format!("{rate:.0}/s"), "", "", "")
             }
             None => println!(
-                "{:<36} {:<13} {:>9.1} {:>9.1} {:>9.1} {:>8}",
+                "{:<40} {:<13} {:>9.1} {:>9.1} {:>9.1} {:>8}",
                 r.name,
                 r.mode,
                 r.pct_us(50.0),
@@ -231,7 +235,7 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-fn machine() -> Value {
+pub(crate) fn machine() -> Value {
     let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
         s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
     });
@@ -337,6 +341,13 @@ fn channel_one_way(n: usize, cpu_a: usize, cpu_b: usize) -> Result<Vec<u64>> {
 fn plain_http(n: usize) -> Result<Vec<u64>> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
+    plain_http_server(l);
+    plain_http_client(addr, n)
+}
+
+/// A minimal keep-alive HTTP server on `l` (one connection, answered with
+/// an empty 200) on a thread of its own: the floor of the external path.
+pub(crate) fn plain_http_server(l: TcpListener) {
     std::thread::spawn(move || {
         if let Ok((s, _)) = l.accept() {
             let _ = s.set_nodelay(true);
@@ -367,6 +378,10 @@ fn plain_http(n: usize) -> Result<Vec<u64>> {
             }
         }
     });
+}
+
+/// `n` timed round trips to a [`plain_http_server`] (after n/10 untimed).
+pub(crate) fn plain_http_client(addr: SocketAddr, n: usize) -> Result<Vec<u64>> {
     let mut c = Client::new(&format!("http://{addr}"), None)?;
     let mut out = Vec::with_capacity(n);
     for i in 0..n + n / 10 {
@@ -381,15 +396,15 @@ fn plain_http(n: usize) -> Result<Vec<u64>> {
 
 // ---- Staccato ----
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     addr: SocketAddr,
-    state: PathBuf,
+    pub(crate) state: PathBuf,
 }
 
 impl Server {
-    fn start(extra: &[String]) -> Result<Server> {
+    pub(crate) fn start(extra: &[String]) -> Result<Server> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let state = std::env::temp_dir().join(format!("staccato-bench-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&state);
@@ -453,13 +468,13 @@ fn bench_dir(lang: &str) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("cannot find bench/functions/{lang}"))
 }
 
-fn bench_specs(lang: &str) -> Result<Vec<api::manifest::ManifestFunction>> {
+pub(crate) fn bench_specs(lang: &str) -> Result<Vec<api::manifest::ManifestFunction>> {
     let dir = bench_dir(lang)?;
     let text = std::fs::read_to_string(dir.join("staccato.yml"))?;
     api::manifest::parse(&text, &dir).map_err(|e| anyhow!("bench manifest: {e}"))
 }
 
-fn deploy_bench_functions(c: &mut Client, lang: &str) -> Result<()> {
+pub(crate) fn deploy_bench_functions(c: &mut Client, lang: &str) -> Result<()> {
     for f in bench_specs(lang)? {
         client::deploy::deploy_function(c, &f).with_context(|| format!("deploying {}", f.spec.name))?;
     }
@@ -479,14 +494,14 @@ fn invoke(c: &mut Client, name: &str, input: &[u8]) -> Result<Vec<u8>> {
 }
 
 /// Internal calls timed inside the calling function.
-fn internal(c: &mut Client, caller: &str, callee: &str, n: usize) -> Result<Vec<u64>> {
+pub(crate) fn internal(c: &mut Client, caller: &str, callee: &str, n: usize) -> Result<Vec<u64>> {
     invoke(c, caller, format!("{}:{callee}", (n / 10).max(1)).as_bytes())?; // warm-up
     let out = invoke(c, caller, format!("{n}:{callee}").as_bytes())?;
     Ok(out.chunks_exact(4).map(|b| u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect())
 }
 
 /// External calls through the gateway on one keep-alive connection.
-fn external(c: &mut Client, name: &str, n: usize) -> Result<Vec<u64>> {
+pub(crate) fn external(c: &mut Client, name: &str, n: usize) -> Result<Vec<u64>> {
     let path = format!("/function/{name}");
     let mut out = Vec::with_capacity(n);
     for i in 0..n + n / 10 {
@@ -503,9 +518,15 @@ fn external(c: &mut Client, name: &str, n: usize) -> Result<Vec<u64>> {
     Ok(out)
 }
 
+/// Calls a throughput run completed in its measured window, and their rate.
+pub(crate) struct Rate {
+    pub(crate) count: u64,
+    pub(crate) per_s: f64,
+}
+
 /// Closed-loop load from `conns` keep-alive connections, one request in
-/// flight on each; returns completed requests per second.
-fn throughput(addr: SocketAddr, name: &str, conns: usize, dur: Duration) -> Result<f64> {
+/// flight on each, for `dur` after a warm-up of a fifth of it.
+pub(crate) fn throughput(addr: SocketAddr, name: &str, conns: usize, dur: Duration) -> Result<Rate> {
     let req = format!("POST /function/{name} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n").into_bytes();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -549,5 +570,5 @@ fn throughput(addr: SocketAddr, name: &str, conns: usize, dur: Duration) -> Resu
     for h in hs {
         h.join().map_err(|_| anyhow!("load thread panicked"))??;
     }
-    Ok(count as f64 / el)
+    Ok(Rate { count, per_s: count as f64 / el })
 }

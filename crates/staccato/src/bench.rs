@@ -16,6 +16,10 @@ pub enum BenchCmd {
     Run(RunArgs),
     /// Container cold starts: runc run vs the isolation pool vs resume vs zygote fork.
     Coldstart(staccato_bench::coldstart::ColdArgs),
+    /// A cluster on test hosts (root): external calls to an engine on the
+    /// gateway's host, another host and `staccato up`; internal calls
+    /// across servers; throughput and CPU per call with 1-3 engines.
+    Cluster(staccato_bench::cluster::ClusterArgs),
     /// Analyze a run directory (python3 -m staccato_analyzer analyze).
     Analyze { run: PathBuf },
     /// Compare run directories (python3 -m staccato_analyzer compare).
@@ -51,6 +55,7 @@ pub fn run(cmd: BenchCmd, gateway: &str, token: Option<String>) -> Result<()> {
     match cmd {
         BenchCmd::Micro(a) => staccato_bench::micro::run(a),
         BenchCmd::Run(a) => run_workload(a, gateway, token),
+        BenchCmd::Cluster(a) => staccato_bench::cluster::run(a),
         BenchCmd::Coldstart(a) => {
             crate::up::init_logging();
             staccato_bench::coldstart::run(a)
