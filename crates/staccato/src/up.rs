@@ -7,9 +7,12 @@ use api::units::UnitError;
 use clap::{Args, ValueEnum};
 use client::Requester;
 use engine::config::{ContainerConfig, Unavailable};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -209,6 +212,13 @@ pub struct EngineCmd {
     /// engine tells each where to reach it, every second, while it runs.
     #[arg(long, value_name = "URL")]
     pub join: Vec<String>,
+    /// Join every gateway that HOST resolves to (http://HOST:PORT), looking
+    /// it up again every second: gateways that appear are joined, those
+    /// that go are let go. On Kubernetes, HOST is the gateways' headless
+    /// Service (clusterIP: None), which has one address per ready gateway
+    /// pod. Takes the management token like --join; repeatable.
+    #[arg(long, value_name = "URL")]
+    pub join_every: Vec<String>,
     /// The address gateways reach this engine at (default: --engine-listen,
     /// which must then be a specific address).
     #[arg(long)]
@@ -288,7 +298,13 @@ pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
         .map(|url| client::Gateway::new(url, token.clone(), Some(Duration::from_secs(2))).map(|g| (url.clone(), g)))
         .collect::<std::io::Result<Vec<_>>>()
         .context("--join")?;
-    if args.advertise.is_none() && !joins.is_empty() && args.engine.engine_listen.ip().is_unspecified() {
+    let services = args
+        .join_every
+        .iter()
+        .map(|url| service_of(url).map(|(host, port)| (url.clone(), host, port)))
+        .collect::<Result<Vec<_>>>()?;
+    let joining = !joins.is_empty() || !services.is_empty();
+    if args.advertise.is_none() && joining && args.engine.engine_listen.ip().is_unspecified() {
         bail!(
             "--engine-listen {} is no address a gateway can dial: give --advertise ADDRESS:PORT",
             args.engine.engine_listen
@@ -315,16 +331,25 @@ pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
         address,
         labels: args.labels.iter().cloned().collect(),
     };
-    let leave = joins.iter().map(|(url, _)| url.clone()).collect::<Vec<_>>();
+    let mut leave = joins.iter().map(|(url, _)| url.clone()).collect::<Vec<_>>();
     // A thread per gateway: one that is down must not delay the others'
     // renewals past their lease.
     for (url, gw) in joins {
         let j = join.clone();
-        std::thread::Builder::new().name("engine-join".into()).spawn(move || join_loop(&url, gw, &j))?;
+        let forever = Arc::new(AtomicBool::new(false));
+        std::thread::Builder::new().name("engine-join".into()).spawn(move || join_loop(&url, gw, &j, &forever))?;
+    }
+    let resolved = Arc::new(Mutex::new(BTreeSet::new()));
+    for (url, host, port) in services {
+        let (j, t, r) = (join.clone(), token.clone(), resolved.clone());
+        std::thread::Builder::new()
+            .name("engine-join-every".into())
+            .spawn(move || join_every(&url, (&host, port), t, &j, &r))?;
     }
     std::io::Write::flush(&mut std::io::stdout()).ok();
     let sig = sys::process::wait_termination();
     log::info!("signal {sig}: stopping");
+    leave.extend(resolved.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
     // Leave first, so no gateway sends another call.
     for url in leave {
         let gone = client::Gateway::new(&url, token.clone(), Some(Duration::from_secs(1)))
@@ -337,12 +362,93 @@ pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
     std::process::exit(0)
 }
 
-/// Tells a gateway where this engine is, every `RENEW_MS`, for as long as
-/// the engine runs; says so when the gateway stops or starts answering.
-fn join_loop(url: &str, mut gw: client::Gateway, join: &api::cluster::Join) {
+/// `http://HOST:PORT` of `--join-every`, checked but not resolved: the
+/// name may have no address yet (no gateway is ready).
+fn service_of(url: &str) -> Result<(String, u16)> {
+    let bad = || anyhow::anyhow!("--join-every {url:?}: give http://HOST:PORT (a name that resolves to every gateway)");
+    let hostport = url.strip_prefix("http://").ok_or_else(bad)?.trim_end_matches('/');
+    let (host, port) = hostport.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().ok().filter(|&p| p != 0).ok_or_else(bad)?;
+    if host.is_empty() || host.contains(['/', '@', '[', ']', ' ']) {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port))
+}
+
+/// Joins every address `host` resolves to, resolving it again every
+/// `RENEW_MS`: a `join_loop` thread per address while the name has it.
+/// A lookup that fails keeps the gateways of the last one that worked (a
+/// DNS hiccup must not make the engine leave them all). `resolved` holds
+/// the gateways joined now, for the engine to leave when it stops.
+fn join_every(
+    url: &str,
+    (host, port): (&str, u16),
+    token: Option<String>,
+    join: &api::cluster::Join,
+    resolved: &Mutex<BTreeSet<String>>,
+) {
+    use std::net::ToSocketAddrs;
+    let mut joined: BTreeMap<SocketAddr, Arc<AtomicBool>> = BTreeMap::new();
+    let mut last_error = String::new();
+    loop {
+        match (host, port).to_socket_addrs() {
+            Ok(addrs) => {
+                last_error.clear();
+                let now: BTreeSet<SocketAddr> = addrs.collect();
+                joined.retain(|addr, stop| {
+                    let keep = now.contains(addr);
+                    if !keep {
+                        log::info!("gateway {addr} is no longer behind {url}: not joining it any more");
+                        stop.store(true, Ordering::Release);
+                    }
+                    keep
+                });
+                for addr in now {
+                    if joined.contains_key(&addr) {
+                        continue;
+                    }
+                    let gw_url = format!("http://{addr}");
+                    let gw = match client::Gateway::new(&gw_url, token.clone(), Some(Duration::from_secs(2))) {
+                        Ok(gw) => gw,
+                        Err(e) => {
+                            log::warn!("gateway {addr} behind {url}: {e}");
+                            continue;
+                        }
+                    };
+                    log::info!("gateway {addr} is behind {url}: joining it");
+                    let stop = Arc::new(AtomicBool::new(false));
+                    let (j, s) = (join.clone(), stop.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name("engine-join".into())
+                        .spawn(move || join_loop(&gw_url, gw, &j, &s));
+                    match spawned {
+                        Ok(_) => {
+                            joined.insert(addr, stop);
+                        }
+                        Err(e) => log::error!("joining gateway {addr}: starting a thread: {e}"),
+                    }
+                }
+                *resolved.lock().unwrap_or_else(|p| p.into_inner()) =
+                    joined.keys().map(|a| format!("http://{a}")).collect();
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if e != last_error {
+                    log::warn!("looking up the gateways behind {url}: {e} (keeping the {} joined)", joined.len());
+                    last_error = e;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(api::cluster::RENEW_MS));
+    }
+}
+
+/// Tells a gateway where this engine is, every `RENEW_MS`, until `stop`;
+/// says so when the gateway stops or starts answering.
+fn join_loop(url: &str, mut gw: client::Gateway, join: &api::cluster::Join, stop: &AtomicBool) {
     let body = serde_json::to_vec(join).expect("a Join serializes");
     let mut last = "never tried".to_string();
-    loop {
+    while !stop.load(Ordering::Acquire) {
         let r = gw.request_with_headers("POST", "/system/engines", &body, &[("content-type", "application/json")]);
         let error = match r {
             Ok(r) if r.status == 200 => String::new(),
