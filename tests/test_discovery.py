@@ -96,15 +96,17 @@ def test_an_engine_joins_every_gateway_its_name_resolves_to(tmp_path, gateways):
         hosts.write_text(f"127.0.0.1 localhost\n127.0.0.3 {NAME}\n")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        assert wait_for(lambda: listed("127.0.0.3", port) == [], timeout=2.5), log_path.read_text()
-        assert time.monotonic() - t0 < 2.5
+        # Well within the 3 s lease: this is the leave, not the expiry.
+        assert wait_for(lambda: listed("127.0.0.3", port) == [], timeout=1.0), log_path.read_text()
+        assert time.monotonic() - t0 < 1.2
     finally:
         stop_process(proc)
         shutil.rmtree(ipc, ignore_errors=True)
 
 
 def test_a_bad_join_every_url_is_refused(tmp_path):
-    for url in ("gateways:80", "http://gateways", "http://gateways:0", "http://gateways:80/x", "http://:80"):
+    for url in ("gateways:80", "http://gateways", "http://gateways:0", "http://gateways:80/x", "http://:80",
+                "http://gate:way:80", "http://user@gateways:80", "http://gateways%0a:80"):
         p = subprocess.run([str(BIN), "engine", "--engine-listen", "127.0.0.1:0", "--state-dir", str(tmp_path / "s"),
                             "--join-every", url, "--token", TOKEN],
                            capture_output=True, text=True, timeout=20, env=clean_env())

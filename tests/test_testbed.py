@@ -71,7 +71,8 @@ def bed(tmp_path_factory):
 
 
 def settled(load, conns):
-    """Every call ended exactly one way."""
+    """The counts of a finished load (each call is counted once, as ok, an
+    error, unanswered or another call's output)."""
     c = load.counts()
     assert c["sent"] == c["ok"] + sum(c["errors"].values()) + c["unanswered"] + c["mismatched"], c
     return c
@@ -95,9 +96,9 @@ def test_a_deploy_through_one_gateway_is_served_through_the_other(bed):
 
 
 def test_calls_from_16_connections_spread_over_the_engines(bed):
-    load = Load(bed, "sleepy", conns=16, gateways=(0, 1))
-    time.sleep(3)
-    c = settled(load.finish(), 16)
+    with Load(bed, "sleepy", conns=16, gateways=(0, 1)) as load:
+        time.sleep(3)
+        c = settled(load.finish(), 16)
     assert c["ok"] == c["sent"] > 200, c
     mean = c["ok"] / len(ENGINES)
     assert sorted(c["by_engine"]) == ENGINES, c
@@ -128,9 +129,9 @@ def test_an_engine_that_joins_late_gets_every_function_before_it_is_ready(bed):
     # Ready means restored: the unplaced function is there, the placed ones
     # are not, and it takes calls at once.
     assert wait_for(lambda: bed.table(0)["engine3"]["functions"] == ["sleepy"], timeout=2), bed.table(0)["engine3"]
-    load = Load(bed, "sleepy", conns=8, gateways=(0, 1))
-    time.sleep(1.5)
-    c = settled(load.finish(), 8)
+    with Load(bed, "sleepy", conns=8, gateways=(0, 1)) as load:
+        time.sleep(1.5)
+        c = settled(load.finish(), 8)
     assert c["ok"] == c["sent"] and c["by_engine"].get("engine3", 0) > 0, c
 
 
@@ -138,20 +139,22 @@ def test_an_engine_killed_under_load_loses_no_call(bed):
     """SIGKILL engine3 while 8 connections call through both gateways: each
     call is answered once, ok or 503 engine_unavailable (those it was
     running); it comes back with `testbed start` and takes load again."""
-    load = Load(bed, "sleepy", conns=8, gateways=(0, 1))
-    time.sleep(1)
-    bed.verb("kill", "engine3")
-    time.sleep(2)
-    c = settled(load.finish(), 8)
+    with Load(bed, "sleepy", conns=8, gateways=(0, 1)) as load:
+        time.sleep(1)
+        before = dict(load.by_engine)
+        bed.verb("kill", "engine3")
+        time.sleep(2)
+        c = settled(load.finish(), 8)
+    assert before.get("engine3", 0) > 0, before  # it had its share when it died
     print("kill engine3:", c)
     assert c["unanswered"] == 0 and c["mismatched"] == 0, c
     assert set(c["errors"]) <= {(503, "engine_unavailable")}, c
     assert c["ok"] > 100, c
     assert wait_for(lambda: "engine3" not in bed.table(0) and "engine3" not in bed.table(1), timeout=5)
     bed.verb("start", "engine3")
-    load = Load(bed, "sleepy", conns=8, gateways=(0, 1))
-    time.sleep(1.5)
-    c = settled(load.finish(), 8)
+    with Load(bed, "sleepy", conns=8, gateways=(0, 1)) as load:
+        time.sleep(1.5)
+        c = settled(load.finish(), 8)
     assert c["ok"] == c["sent"] and c["by_engine"].get("engine3", 0) > 0, c
 
 
@@ -160,14 +163,16 @@ def test_a_cut_cable_under_load_loses_no_call_and_the_host_comes_back(bed):
     was running are answered 503 engine_unavailable within about a second
     (the data links' silence limit), none hangs; new calls go to the other
     engines. Plugged back in, it joins again and takes load."""
-    load = Load(bed, "sleepy", conns=8, gateways=(0, 1))
-    time.sleep(1)
-    cut = time.monotonic()
-    bed.verb("link", "engine1", "down")
-    time.sleep(3)
-    after_cut = dict(load.by_engine)
-    time.sleep(1)
-    c = settled(load.finish(), 8)
+    with Load(bed, "sleepy", conns=8, gateways=(0, 1)) as load:
+        time.sleep(1)
+        before = dict(load.by_engine)
+        cut = time.monotonic()
+        bed.verb("link", "engine1", "down")
+        time.sleep(3)
+        after_cut = dict(load.by_engine)
+        time.sleep(1)
+        c = settled(load.finish(), 8)
+    assert before.get("engine1", 0) > 0, before
     print("cable of engine1 pulled:", c, "errors answered after (s):", sorted(round(t - cut, 2) for t in load.error_times))
     assert c["unanswered"] == 0 and c["mismatched"] == 0, c
     assert set(c["errors"]) <= {(503, "engine_unavailable")}, c
@@ -177,31 +182,49 @@ def test_a_cut_cable_under_load_loses_no_call_and_the_host_comes_back(bed):
     assert c["by_engine"].get("engine1", 0) == after_cut.get("engine1", 0), (after_cut, c)
     bed.verb("link", "engine1", "up")
     assert wait_for(lambda: bed.ready(0) == bed.ready(1) == ENGINES + ["engine3"], timeout=15), bed.table(0)
-    load = Load(bed, "sleepy", conns=8, gateways=(0, 1))
-    time.sleep(1.5)
-    c = settled(load.finish(), 8)
+    with Load(bed, "sleepy", conns=8, gateways=(0, 1)) as load:
+        time.sleep(1.5)
+        c = settled(load.finish(), 8)
     assert c["ok"] == c["sent"] and c["by_engine"].get("engine1", 0) > 0, c
 
 
 def test_a_killed_gateway_leaves_the_other_serving_calls_across_hosts(bed):
-    """Kill gateway gw1 while chain-a (engine0 -> engine1 -> engine2) is
-    called through gw0, its internal calls forwarded over both gateways.
-    Only an internal call that was inside gw1 when it died fails (it may
-    have run, so it is not sent again: the caller gets engine_unavailable,
-    which chain-a does not catch), at most one per connection; every call
-    after that goes through, forwarded over the gateway that is left."""
-    load = Load(bed, "chain-a", conns=8, gateways=(0,), expect=lambda b: b"a(b(c(" + b + b")))")
-    time.sleep(1)
-    bed.verb("kill", "gw1")
-    time.sleep(1)
-    c = settled(load.finish(), 8)
-    print("gateway gw1 killed:", c, load.messages)
+    """Kill the gateway the engines forward chain-a's internal calls over
+    (engine0 -> engine1 -> engine2; an engine forwards over the first
+    gateway link of its I/O thread, so which one depends on the order they
+    connected) while chain-a is called through the other. Only an internal
+    call that was inside the dead gateway fails (it may have run, so it is
+    not sent again: the caller gets engine_unavailable, which chain-a does
+    not catch), at most one per connection; every call after that goes
+    through, forwarded over the gateway that is left."""
+    def forwarded(g):
+        return sum(e["forwarded"] for e in bed.table(g).values())
+
+    before = [forwarded(0), forwarded(1)]
+    with Load(bed, "chain-a", conns=8, gateways=(0, 1), expect=lambda b: b"a(b(c(" + b + b")))") as probe:
+        time.sleep(0.5)
+        assert settled(probe.finish(), 8)["ok"] > 0
+    carried = [forwarded(0) - before[0], forwarded(1) - before[1]]
+    victim = 1 if carried[1] > 0 else 0
+    keep = 1 - victim
+    assert carried[victim] > 0, carried
+    start = forwarded(victim)
+    with Load(bed, "chain-a", conns=8, gateways=(keep,), expect=lambda b: b"a(b(c(" + b + b")))") as load:
+        time.sleep(1)
+        through_victim = forwarded(victim) - start
+        bed.verb("kill", f"gw{victim}")
+        time.sleep(1)
+        c = settled(load.finish(), 8)
+    print(f"gateway gw{victim} killed:", c, load.messages)
+    assert through_victim > 0, carried  # its death takes calls with it
     assert c["unanswered"] == 0 and c["mismatched"] == 0, c
     assert set(c["errors"]) <= {(500, "function_error")} and sum(c["errors"].values()) <= 8, c
     if c["errors"]:
         assert "engine_unavailable" in load.messages[(500, "function_error")], load.messages
     assert c["ok"] > 50, c
-    load = Load(bed, "chain-a", conns=8, gateways=(0,), expect=lambda b: b"a(b(c(" + b + b")))")
-    time.sleep(1.5)
-    c = settled(load.finish(), 8)
+    with Load(bed, "chain-a", conns=8, gateways=(keep,), expect=lambda b: b"a(b(c(" + b + b")))") as load:
+        time.sleep(1.5)
+        c = settled(load.finish(), 8)
     assert c["ok"] == c["sent"] > 50, (c, load.messages)
+    r = bed.invoke(keep, "sleepy", b"still")
+    assert r.status == 200 and r.body == b"still", r

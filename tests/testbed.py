@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from harness import BIN, REPO, Resp, clean_env
@@ -181,7 +182,6 @@ class Load:
         self.futures = [self.ex.submit(self._run, i) for i in range(conns)]
 
     def _run(self, i):
-        import time
         g = self.gateways[i % len(self.gateways)]
         conn = None
         n = 0
@@ -200,6 +200,7 @@ class Load:
                 if conn:
                     conn.close()
                 conn = None
+                time.sleep(0.05)  # not a tight loop against a gateway that is gone
                 continue
             with self.lock:
                 if r.status == 200:
@@ -227,6 +228,16 @@ class Load:
             f.result()
         self.ex.shutdown()
         return self
+
+    # As a context manager, a test that fails mid-load still stops it
+    # (its threads would otherwise keep pytest from exiting).
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.stop.is_set():
+            self.stop.set()
+            self.ex.shutdown(wait=True)
 
     def counts(self):
         return {"sent": self.sent, "ok": self.ok, "errors": dict(self.errors),

@@ -89,6 +89,14 @@ impl Bed {
         if l.gateways == 0 {
             bail!("a testbed needs a gateway");
         }
+        if let Ok(t) = Testbed::existing(&l.prefix) {
+            bail!(
+                "a testbed {:?} exists already ({} hosts): `staccato testbed down --prefix {}` removes it",
+                l.prefix,
+                t.hosts().len(),
+                l.prefix
+            );
+        }
         let hosts = l.gateways + l.engines + l.spare + 1;
         progress(&format!("making {hosts} hosts (network namespaces stb-{}-*)", l.prefix));
         let testbed = Testbed::create(&l.prefix, hosts).context("making the test hosts")?;
@@ -107,8 +115,7 @@ impl Bed {
     }
 
     fn start(l: &Layout, testbed: &Testbed, progress: &dyn Fn(&str)) -> Result<Bed> {
-        std::fs::create_dir_all(&l.dir).with_context(|| format!("creating {}", l.dir.display()))?;
-        let dir = l.dir.canonicalize()?;
+        let dir = private_dir(&l.dir)?;
         let member = |name: String, role: &str, host: u32, port: u16| Member {
             name,
             role: role.into(),
@@ -152,7 +159,8 @@ impl Bed {
         }
         for g in 0..l.gateways as usize {
             let url = bed.url(g);
-            bed.wait(Duration::from_secs(20), &format!("gateway {url} to answer"), |b| {
+            let name = format!("gw{g}");
+            bed.wait(Duration::from_secs(20), &format!("gateway {url} to answer"), &[&name], |b| {
                 Ok(b.gateway_get(g, "/system/engines").is_ok())
             })?;
         }
@@ -172,7 +180,21 @@ impl Bed {
     pub fn load(dir: &Path) -> Result<Bed> {
         let path = dir.join("testbed.json");
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let meta = std::fs::metadata(dir)?;
+        {
+            use std::os::unix::fs::MetadataExt;
+            if meta.uid() != sys::process::euid() || meta.mode() & 0o022 != 0 {
+                bail!("{} is not a directory of this user's that only it may write", dir.display());
+            }
+        }
         let mut bed: Bed = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        // Its namespaces are the only paths it names that are used as such.
+        let lead = format!("stb-{}-", bed.prefix);
+        let ours =
+            |n: &str| n.strip_prefix(&lead).is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()));
+        if !netns::valid_prefix(&bed.prefix) || !bed.members.iter().all(|m| ours(&m.netns)) {
+            bail!("{}: a member's namespace is not one of testbed {:?}'s", path.display(), bed.prefix);
+        }
         bed.bin = std::env::current_exe()?;
         Ok(bed)
     }
@@ -282,7 +304,7 @@ impl Bed {
             log: None,
         });
         self.spawn("etcd", &etcd, &args)?;
-        self.wait(Duration::from_secs(20), "etcd to be healthy", |b| {
+        self.wait(Duration::from_secs(20), "etcd to be healthy", &["etcd"], |b| {
             let client = client.clone();
             in_netns(&b.netns_path("client")?, move || {
                 let mut etcd = client::Gateway::new(&client, None, Some(Duration::from_secs(1)))?;
@@ -347,9 +369,15 @@ impl Bed {
         self.spawn(name, &bin, &args)
     }
 
-    /// Sends `sig` to a member's process.
+    /// Sends `sig` to a member's process, once it is sure that pid is
+    /// still a process in the member's host (a pid is reused once its
+    /// process is gone).
     pub fn signal(&mut self, name: &str, sig: i32) -> Result<()> {
-        let pid = self.member(name)?.pid.ok_or_else(|| anyhow!("{name} is not running"))?;
+        let m = self.member(name)?;
+        let pid = m.pid.ok_or_else(|| anyhow!("{name} was never started"))?;
+        if !alive(pid) || !in_host(pid, &m.netns) {
+            bail!("{name} is not running (pid {pid} is gone or is no process of host {})", m.netns);
+        }
         sys::process::signal(pid, sig).with_context(|| format!("signalling {name} (pid {pid})"))?;
         Ok(())
     }
@@ -364,11 +392,13 @@ impl Bed {
         })
     }
 
-    /// Waits until every gateway lists each of `engines` ready.
+    /// Waits until every gateway that runs lists each of `engines` ready.
     pub fn wait_ready(&self, engines: &[&str], timeout: Duration) -> Result<()> {
         let what = format!("engines {} to be ready on every gateway", engines.join(", "));
-        self.wait(timeout, &what, |b| {
-            for g in 0..b.gateways().count() {
+        let running: Vec<usize> =
+            self.gateways().enumerate().filter(|(_, m)| m.pid.is_some_and(alive)).map(|(g, _)| g).collect();
+        self.wait(timeout, &what, engines, |b| {
+            for &g in &running {
                 let rows = b.gateway_get(g, "/system/engines")?;
                 let ready: Vec<&str> = rows
                     .as_array()
@@ -385,7 +415,15 @@ impl Bed {
         })
     }
 
-    fn wait(&self, timeout: Duration, what: &str, mut done: impl FnMut(&Bed) -> Result<bool>) -> Result<()> {
+    /// Polls `done` until it holds; fails at once if one of `watch` (names)
+    /// exits meanwhile.
+    fn wait(
+        &self,
+        timeout: Duration,
+        what: &str,
+        watch: &[&str],
+        mut done: impl FnMut(&Bed) -> Result<bool>,
+    ) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut last = None;
         loop {
@@ -394,7 +432,7 @@ impl Bed {
                 Ok(false) => {}
                 Err(e) => last = Some(e),
             }
-            for m in &self.members {
+            for m in self.members.iter().filter(|m| watch.contains(&m.name.as_str())) {
                 if let Some(pid) = m.pid.filter(|&p| !alive(p)) {
                     bail!("{} (pid {pid}) exited while waiting for {what}; see {}", m.name, self.log_hint(m));
                 }
@@ -487,6 +525,35 @@ pub fn in_netns<T: Send + 'static>(path: &Path, f: impl FnOnce() -> Result<T> + 
     })
     .join()
     .map_err(|_| anyhow!("a thread in a test host panicked"))?
+}
+
+/// Whether process `pid` is in the network namespace bound at
+/// /run/netns/`netns` (the same namespace file: device and inode).
+fn in_host(pid: u32, netns: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |p: PathBuf| std::fs::metadata(p).map(|m| (m.dev(), m.ino()));
+    match (ns(format!("/proc/{pid}/ns/net").into()), ns(Path::new("/run/netns").join(netns))) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Creates `dir` (only root may enter it) and refuses one that exists but
+/// belongs to another user or is open to others: the bed runs as root
+/// what it finds there (testbed.json) and appends to its logs.
+fn private_dir(dir: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    match std::fs::DirBuilder::new().recursive(false).mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != sys::process::euid() || meta.mode() & 0o022 != 0 {
+        bail!("{} is not a directory of this user's that only it may write: choose another --dir", dir.display());
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir.canonicalize()?)
 }
 
 fn hosts_of(l: &Layout) -> u32 {

@@ -30,11 +30,12 @@ use std::time::Duration;
 #[derive(Args, Clone)]
 pub struct ClusterArgs {
     /// Calls per latency measurement and round.
-    #[arg(long, default_value_t = 5_000)]
-    calls: usize,
-    /// Interleaved rounds of the latency measurements.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    #[arg(long, default_value_t = 5_000, value_parser = clap::value_parser!(u32).range(10..))]
+    calls: u32,
+    /// Interleaved rounds of the latency measurements; each path goes first
+    /// equally often when it is a multiple of 3.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
     /// Seconds of each throughput run.
     #[arg(long, default_value_t = 3.0)]
     duration_s: f64,
@@ -61,7 +62,6 @@ pub fn run(a: ClusterArgs) -> Result<()> {
         bail!("bench cluster makes network namespaces: run it as root");
     }
     let dir = std::env::temp_dir().join(format!("staccato-bench-cluster-{}", a.prefix));
-    let _ = std::fs::remove_dir_all(&dir);
     let layout = Layout {
         prefix: a.prefix.clone(),
         dir: dir.clone(),
@@ -73,6 +73,9 @@ pub fn run(a: ClusterArgs) -> Result<()> {
         gateway_args: Vec::new(),
     };
     eprintln!("staccato bench cluster: {} calls x {} rounds per latency figure", a.calls, a.rounds);
+    // The bench's own testbed: one a crashed run left is removed first.
+    bed::down(&a.prefix, Some(&dir))?;
+    let _ = std::fs::remove_dir_all(&dir);
     let b = Bed::up(&layout, &|s| eprintln!("  {s}"))?;
     let result = measure(&a, &b);
     if let Err(e) = bed::down(&a.prefix, Some(&dir)) {
@@ -151,7 +154,8 @@ fn measure(a: &ClusterArgs, b: &Bed) -> Result<(Vec<Row>, Value, Value)> {
     // neighbours rather than pooled over the whole run.
     let mut p50s: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     let engine0 = b.member("engine0")?.addr.ip();
-    for round in 0..a.rounds {
+    let calls = a.calls as usize;
+    for round in 0..a.rounds as usize {
         // Floors: a plain HTTP server on the gateway's host (loopback) and
         // on engine0's host, called from the gateway's host.
         for (key, server_host, ip) in [("http-here", "gw0", "127.0.0.1".parse()?), ("http-away", "engine0", engine0)] {
@@ -161,7 +165,7 @@ fn measure(a: &ClusterArgs, b: &Bed) -> Result<(Vec<Row>, Value, Value)> {
                 micro::plain_http_server(l);
                 Ok(addr)
             })?;
-            let n = a.calls;
+            let n = calls;
             samples.entry(key).or_default().extend(bed::in_netns(&gw_host, move || micro::plain_http_client(addr, n))?);
         }
         eprintln!(
@@ -177,24 +181,23 @@ fn measure(a: &ClusterArgs, b: &Bed) -> Result<(Vec<Row>, Value, Value)> {
         ];
         for i in 0..paths.len() {
             let (key, host, u, t, name) = paths[(round + i) % paths.len()].clone();
-            let n = a.calls;
+            let n = calls;
             let mut s = bed::in_netns(host, move || micro::external(&mut Client::new(&u, t)?, name, n))?;
             s.sort_unstable();
             p50s.entry(key).or_default().push(s[s.len() / 2]);
             samples.entry(key).or_default().extend(s);
         }
-        let (u, t, n) = (up_url.clone(), up_token.clone(), a.calls);
-        let mut s = bed::in_netns(&client_host, move || {
-            micro::internal(&mut Client::new(&u, t)?, "bench-caller-c", "bench-nop-c", n)
-        })?;
-        s.sort_unstable();
-        p50s.entry("up-internal").or_default().push(s[s.len() / 2]);
-        samples.entry("up-internal").or_default().extend(s);
-        for (key, callee) in [("local", "nop-away"), ("cross", "nop-e1")] {
-            let (url, token, n, callee) = (url.clone(), token.clone(), a.calls, callee.to_string());
-            let mut s = bed::in_netns(&client_host, move || {
-                micro::internal(&mut Client::new(&url, Some(token))?, "caller-e0", &callee, n)
-            })?;
+        // The three internal paths in turn too: (key, gateway, token, caller, callee).
+        let internals = [
+            ("up-internal", up_url.clone(), up_token.clone(), "bench-caller-c", "bench-nop-c"),
+            ("local", url.clone(), Some(token.clone()), "caller-e0", "nop-away"),
+            ("cross", url.clone(), Some(token.clone()), "caller-e0", "nop-e1"),
+        ];
+        for i in 0..internals.len() {
+            let (key, u, t, caller, callee) = internals[(round + i) % internals.len()].clone();
+            let n = calls;
+            let mut s =
+                bed::in_netns(&client_host, move || micro::internal(&mut Client::new(&u, t)?, caller, callee, n))?;
             s.sort_unstable();
             p50s.entry(key).or_default().push(s[s.len() / 2]);
             samples.entry(key).or_default().extend(s);
@@ -232,9 +235,15 @@ fn measure(a: &ClusterArgs, b: &Bed) -> Result<(Vec<Row>, Value, Value)> {
         let dur = Duration::from_secs_f64(a.duration_s);
         let name = format!("nop-n{k}");
         let addr = b.member("gw0")?.addr;
-        let before = Cpu::read(gateway)?;
-        let rate = bed::in_netns(&client_host, move || micro::throughput(addr, &name, conns, dur))?;
-        let after = Cpu::read(gateway)?;
+        let (rate, marks) = bed::in_netns(&client_host, move || {
+            let mut marks = Vec::new();
+            let rate = micro::throughput_marked(addr, &name, conns, dur, &mut || marks.push(Cpu::read(gateway)))?;
+            Ok((rate, marks))
+        })?;
+        let (before, after) = match marks.as_slice() {
+            [Ok(b), Ok(a)] => (b, a),
+            _ => bail!("reading CPU times around the throughput window failed"),
+        };
         let calls = rate.count as f64;
         let per = |x: f64| x * 1e6 / calls.max(1.0);
         cpu.push(json!({
@@ -312,10 +321,11 @@ fn machine_cpu() -> Result<f64> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let line = stat.lines().next().ok_or_else(|| anyhow!("/proc/stat is empty"))?;
     let v: Vec<f64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-    if v.len() < 5 {
+    // user nice system idle iowait irq softirq steal (guest is in user):
+    // busy is what this machine's own vCPUs ran, so not steal.
+    if v.len() < 7 {
         bail!("/proc/stat: unexpected first line {line:?}");
     }
-    // user nice system idle iowait irq softirq steal (guest is in user).
-    let busy: f64 = v.iter().take(8).sum::<f64>() - v[3] - v[4];
+    let busy: f64 = v[0] + v[1] + v[2] + v[5] + v[6];
     Ok(busy / USER_HZ)
 }

@@ -527,6 +527,18 @@ pub(crate) struct Rate {
 /// Closed-loop load from `conns` keep-alive connections, one request in
 /// flight on each, for `dur` after a warm-up of a fifth of it.
 pub(crate) fn throughput(addr: SocketAddr, name: &str, conns: usize, dur: Duration) -> Result<Rate> {
+    throughput_marked(addr, name, conns, dur, &mut || {})
+}
+
+/// [`throughput`], calling `mark` as the measured window opens and as it
+/// closes (to read CPU counters over exactly the calls counted).
+pub(crate) fn throughput_marked(
+    addr: SocketAddr,
+    name: &str,
+    conns: usize,
+    dur: Duration,
+    mark: &mut dyn FnMut(),
+) -> Result<Rate> {
     let req = format!("POST /function/{name} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n").into_bytes();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -561,11 +573,13 @@ pub(crate) fn throughput(addr: SocketAddr, name: &str, conns: usize, dur: Durati
         }));
     }
     std::thread::sleep(dur / 5); // warm-up
+    mark();
     let start_count = done.load(std::sync::atomic::Ordering::Relaxed);
     let t = Instant::now();
     std::thread::sleep(dur);
     let count = done.load(std::sync::atomic::Ordering::Relaxed) - start_count;
     let el = t.elapsed().as_secs_f64();
+    mark();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for h in hs {
         h.join().map_err(|_| anyhow!("load thread panicked"))??;

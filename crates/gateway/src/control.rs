@@ -185,8 +185,20 @@ fn control_thread(
     // Registrations that failed on this connection (stored fingerprints).
     let mut failed = std::collections::HashSet::new();
     let set_serving = |names: Vec<String>| *flags.serving.lock().unwrap_or_else(|p| p.into_inner()) = names;
+    // A job taken while checking for the client's end, run next.
+    let mut pending: Option<Job> = None;
     loop {
         flags.connected.store(conn.is_some(), Ordering::Release);
+        if conn.is_none() && pending.is_none() {
+            // The engine left the table (every client is gone): do not
+            // connect again, least of all to reconcile it behind the back of
+            // the client its rejoining made.
+            match rx.try_recv() {
+                Err(mpsc::TryRecvError::Disconnected) => return,
+                Ok(job) => pending = Some(job),
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
+        }
         if conn.is_none() {
             flags.restored.store(false, Ordering::Release);
             set_serving(Vec::new());
@@ -222,14 +234,28 @@ fn control_thread(
                     // next round that can read it.
                     Err(e) => {
                         log::error!("reconciling engine {addr} with the store: {e}; it serves what it has");
-                        set_serving(status_names(conn.as_mut().expect("connected")).unwrap_or_default());
-                        reconciled = std::time::Instant::now();
-                        flags.restored.store(true, Ordering::Release);
+                        match status_names(conn.as_mut().expect("connected")) {
+                            Ok(names) => {
+                                set_serving(names);
+                                reconciled = std::time::Instant::now();
+                                flags.restored.store(true, Ordering::Release);
+                            }
+                            // Out of step (a late answer may still come):
+                            // connect afresh.
+                            Err(e) => {
+                                log::error!("control connection to engine {addr}: {e}");
+                                conn = None;
+                            }
+                        }
                     }
                 }
             }
         }
-        let (req, attachment, reply) = match rx.recv_timeout(HEARTBEAT) {
+        let next = match pending.take() {
+            Some(job) => Ok(job),
+            None => rx.recv_timeout(HEARTBEAT),
+        };
+        let (req, attachment, reply) = match next {
             Ok(r) => r,
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -381,6 +407,8 @@ fn reconcile(
                         log::info!("function {name} left an engine it is no longer placed on");
                         serving.retain(|n| *n != name);
                     }
+                    // Gone already (a removal raced this one).
+                    Err(ControlError::Refused(r)) if r.kind == RefusalKind::NotFound => serving.retain(|n| *n != name),
                     Err(e @ ControlError::Broken(_)) => return Err(e),
                     Err(e) => log::warn!("removing function {name} from an engine it is not placed on: {e}"),
                 }

@@ -113,6 +113,8 @@ pub(crate) struct ThreadState {
     /// Where the next least-load scan starts, so ties rotate.
     turn: Cell<usize>,
     next_seq: Cell<u64>,
+    /// 24 random bits of every call id this thread makes.
+    tag: u64,
     thread: u64,
 }
 
@@ -281,19 +283,38 @@ impl ThreadState {
         self.seen_routes.set(routes_version);
     }
 
-    /// Gateway call ids: bit 63 set (docs/protocol.md), the thread index in
-    /// bits 56..63, a counter below that which starts at the start-up time in
-    /// microseconds so a restarted gateway does not reuse recent ids.
     /// This HTTP thread's index.
     pub fn index(&self) -> usize {
         self.thread as usize
     }
 
+    /// Gateway call ids (docs/protocol.md, "Call ids"): bit 63 set, the
+    /// thread index in bits 56..63, this thread's random tag in bits 32..56
+    /// and a counter below. An engine refuses an id already in flight, so
+    /// the tag keeps two gateways sending to one engine (or a gateway
+    /// restarted while its old calls run) from meeting: their tags differ
+    /// but for a chance of 1 in 2^24. The counter wraps after 2^32 calls,
+    /// long after any call that used the id has ended.
     pub fn next_call_id(&self) -> u64 {
         let seq = self.next_seq.get();
-        self.next_seq.set(seq + 1);
-        wire::GATEWAY_CALL_ID_BIT | (self.thread << 56) | (seq & ((1 << 56) - 1))
+        self.next_seq.set(seq.wrapping_add(1));
+        wire::GATEWAY_CALL_ID_BIT | (self.thread << 56) | (self.tag << 32) | (seq & 0xffff_ffff)
     }
+}
+
+/// 24 random bits (from /dev/urandom; the clock and pid if it cannot be
+/// read) for a thread's call ids.
+fn call_id_tag() -> u64 {
+    let mut b = [0u8; 8];
+    let random = std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    let bits = match random {
+        Ok(()) => u64::from_le_bytes(b),
+        Err(_) => {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            (t as u64) ^ (u64::from(std::process::id()) << 20)
+        }
+    };
+    bits & 0xff_ffff
 }
 
 /// How often a shared store's revision is read.
@@ -460,8 +481,6 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
                 return;
             }
         };
-        let start_us =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
         let (forwards, mut forwarded) = tokio::sync::mpsc::unbounded_channel();
         let th = Rc::new(ThreadState {
             links: RefCell::new(Vec::new()),
@@ -470,8 +489,9 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
             seen_routes: Cell::new(0),
             forwards,
             turn: Cell::new(idx),
-            next_seq: Cell::new(start_us),
+            next_seq: Cell::new(0),
             thread: idx as u64 & 0x7f,
+            tag: call_id_tag(),
         });
         // Links to the engines known now, before the first request, and to
         // those that join later, before their first call.

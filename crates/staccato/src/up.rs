@@ -339,7 +339,8 @@ pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
         let forever = Arc::new(AtomicBool::new(false));
         std::thread::Builder::new().name("engine-join".into()).spawn(move || join_loop(&url, gw, &j, &forever))?;
     }
-    let resolved = Arc::new(Mutex::new(BTreeSet::new()));
+    // The gateways each --join-every name gives now, by name.
+    let resolved = Arc::new(Mutex::new(BTreeMap::new()));
     for (url, host, port) in services {
         let (j, t, r) = (join.clone(), token.clone(), resolved.clone());
         std::thread::Builder::new()
@@ -349,7 +350,11 @@ pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
     std::io::Write::flush(&mut std::io::stdout()).ok();
     let sig = sys::process::wait_termination();
     log::info!("signal {sig}: stopping");
-    leave.extend(resolved.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned());
+    // No renewal may land after the leave below (it would put the engine
+    // back for a lease while it stops): wait out those under way.
+    *JOINING_STOPPED.write().unwrap_or_else(|p| p.into_inner()) = true;
+    let by_name = resolved.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    leave.extend(by_name.into_values().flatten());
     // Leave first, so no gateway sends another call.
     for url in leave {
         let gone = client::Gateway::new(&url, token.clone(), Some(Duration::from_secs(1)))
@@ -362,6 +367,9 @@ pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
     std::process::exit(0)
 }
 
+/// Set once the engine is stopping: no join thread renews after it.
+static JOINING_STOPPED: std::sync::RwLock<bool> = std::sync::RwLock::new(false);
+
 /// `http://HOST:PORT` of `--join-every`, checked but not resolved: the
 /// name may have no address yet (no gateway is ready).
 fn service_of(url: &str) -> Result<(String, u16)> {
@@ -369,7 +377,9 @@ fn service_of(url: &str) -> Result<(String, u16)> {
     let hostport = url.strip_prefix("http://").ok_or_else(bad)?.trim_end_matches('/');
     let (host, port) = hostport.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().ok().filter(|&p| p != 0).ok_or_else(bad)?;
-    if host.is_empty() || host.contains(['/', '@', '[', ']', ' ']) {
+    // A DNS name or an IPv4 address: letters, digits, '-' and '.'.
+    if host.is_empty() || host.len() > 253 || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
         return Err(bad());
     }
     Ok((host.to_string(), port))
@@ -385,12 +395,12 @@ fn join_every(
     (host, port): (&str, u16),
     token: Option<String>,
     join: &api::cluster::Join,
-    resolved: &Mutex<BTreeSet<String>>,
+    resolved: &Mutex<BTreeMap<String, BTreeSet<String>>>,
 ) {
     use std::net::ToSocketAddrs;
     let mut joined: BTreeMap<SocketAddr, Arc<AtomicBool>> = BTreeMap::new();
     let mut last_error = String::new();
-    loop {
+    while !*JOINING_STOPPED.read().unwrap_or_else(|p| p.into_inner()) {
         match (host, port).to_socket_addrs() {
             Ok(addrs) => {
                 last_error.clear();
@@ -428,8 +438,10 @@ fn join_every(
                         Err(e) => log::error!("joining gateway {addr}: starting a thread: {e}"),
                     }
                 }
-                *resolved.lock().unwrap_or_else(|p| p.into_inner()) =
-                    joined.keys().map(|a| format!("http://{a}")).collect();
+                resolved
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(url.to_string(), joined.keys().map(|a| format!("http://{a}")).collect());
             }
             Err(e) => {
                 let e = e.to_string();
@@ -449,7 +461,13 @@ fn join_loop(url: &str, mut gw: client::Gateway, join: &api::cluster::Join, stop
     let body = serde_json::to_vec(join).expect("a Join serializes");
     let mut last = "never tried".to_string();
     while !stop.load(Ordering::Acquire) {
+        // Held across the renewal: the engine leaves only after it.
+        let stopped = JOINING_STOPPED.read().unwrap_or_else(|p| p.into_inner());
+        if *stopped {
+            return;
+        }
         let r = gw.request_with_headers("POST", "/system/engines", &body, &[("content-type", "application/json")]);
+        drop(stopped);
         let error = match r {
             Ok(r) if r.status == 200 => String::new(),
             Ok(r) => format!("HTTP {}: {}", r.status, String::from_utf8_lossy(&r.body).trim()),
