@@ -180,13 +180,7 @@ impl Bed {
     pub fn load(dir: &Path) -> Result<Bed> {
         let path = dir.join("testbed.json");
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let meta = std::fs::metadata(dir)?;
-        {
-            use std::os::unix::fs::MetadataExt;
-            if meta.uid() != sys::process::euid() || meta.mode() & 0o022 != 0 {
-                bail!("{} is not a directory of this user's that only it may write", dir.display());
-            }
-        }
+        check_private(dir)?;
         let mut bed: Bed = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         // Its namespaces are the only paths it names that are used as such.
         let lead = format!("stb-{}-", bed.prefix);
@@ -542,18 +536,26 @@ fn in_host(pid: u32, netns: &str) -> bool {
 /// belongs to another user or is open to others: the bed runs as root
 /// what it finds there (testbed.json) and appends to its logs.
 fn private_dir(dir: &Path) -> Result<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     match std::fs::DirBuilder::new().recursive(false).mode(0o700).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
     }
+    check_private(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir.canonicalize()?)
+}
+
+/// Refuses a bed directory that is not this user's own directory, or that
+/// others may write to.
+fn check_private(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(dir).with_context(|| format!("reading {}", dir.display()))?;
     if !meta.is_dir() || meta.uid() != sys::process::euid() || meta.mode() & 0o022 != 0 {
         bail!("{} is not a directory of this user's that only it may write: choose another --dir", dir.display());
     }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    Ok(dir.canonicalize()?)
+    Ok(())
 }
 
 fn hosts_of(l: &Layout) -> u32 {
