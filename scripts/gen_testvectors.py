@@ -38,9 +38,9 @@ RUNTIME_ENV = {
     "python": ["STACCATO_WARM_FIFO", "STACCATO_WARM_STATUS"],
     "go": ["STACCATO_GOMAXPROCS", "STACCATO_GO_IO"],
     "node": [], "c": [], "cpp": [],
-    # The engine's own: the warm Python launcher's FIFOs, and a sandboxed Go
-    # build's seed cache.
-    "engine": ["STACCATO_WARM_FIFO", "STACCATO_WARM_STATUS", "STACCATO_GO_SEED"],
+    # The engine's own: the warm Python launcher's FIFOs, and what a
+    # sandboxed Go build starts its caches from and whether it leaves them.
+    "engine": ["STACCATO_WARM_FIFO", "STACCATO_WARM_STATUS", "STACCATO_GO_START", "STACCATO_GO_PUBLISH"],
 }
 
 

@@ -22,6 +22,29 @@ const NATIVE_LIBRARY: &str = "handler.so";
 /// The worker binary a Go function is built into.
 const GO_WORKER: &str = ".staccato-worker";
 
+/// Where a sandboxed Go build leaves its caches for the next build of the
+/// same source, in its output directory.
+const GO_CACHES: &str = ".go-caches";
+
+/// Runs build-function.sh in the sandbox: the build and module caches are
+/// filled from $STACCATO_GO_START first (the seed: a build cache only; or a
+/// source's cache: `gocache/` and `gomod/`), and with $STACCATO_GO_PUBLISH
+/// copied to `.go-caches/` in the output directory after a good build.
+const GO_BUILD_WRAPPER: &str = r#"set -e
+mkdir -p "$GOCACHE" "$GOPATH/pkg/mod"
+if [ -d "$STACCATO_GO_START/gocache" ]; then
+    cp -R "$STACCATO_GO_START/gocache/." "$GOCACHE/"
+    cp -R "$STACCATO_GO_START/gomod/." "$GOPATH/pkg/mod/"
+else
+    cp -R "$STACCATO_GO_START/." "$GOCACHE/"
+fi
+bash "$@"
+if [ -n "$STACCATO_GO_PUBLISH" ]; then
+    mkdir -p .go-caches
+    cp -R "$GOCACHE" .go-caches/gocache
+    cp -R "$GOPATH/pkg/mod" .go-caches/gomod
+fi"#;
+
 /// Builds and installs what the runtime needs. Errors are written for the
 /// person deploying: which file, which tool, and the tool's own output.
 pub(crate) fn prepare(
@@ -83,20 +106,32 @@ pub(crate) fn prepare(
             let mut reads = vec![code_dir.to_path_buf(), cfg.runtimes_dir.join("go")];
             let mut cmd = Command::new("bash");
             builds.runner(deadline)?; // fails here if the engine has no build sandbox
+            let mut source_cache = None;
             if builds.sandboxed() {
-                // A private copy of the trusted seed cache: warm, and
-                // nothing a build writes reaches the next one.
+                // A private copy of the trusted seed cache, or of the caches
+                // an earlier build of this same source left (GoSourceCache):
+                // warm, and nothing a build writes reaches another source's.
                 let seed = builds.go_seed(cfg)?;
-                cmd.args(["-c", r#"mkdir -p "$GOCACHE" && cp -R "$STACCATO_GO_SEED"/. "$GOCACHE"/ && exec bash "$@""#])
+                let cache = builds.go_source_cache(cfg, &seed, &spec.source)?;
+                let (start, publish) = match cache.dir.is_dir() {
+                    true => (cache.dir.clone(), ""),
+                    false => (seed.clone(), "publish"),
+                };
+                cmd.args(["-c", GO_BUILD_WRAPPER])
                     .arg("go-build")
-                    .env("STACCATO_GO_SEED", &seed)
+                    .env("STACCATO_GO_START", &start)
+                    .env("STACCATO_GO_PUBLISH", publish)
                     .env("GOCACHE", format!("{}/gocache", sandbox::BUILD_TMP))
                     .env("GOPATH", format!("{}/go", sandbox::BUILD_TMP))
                     .env("GOTOOLCHAIN", "local");
-                reads.push(seed);
+                reads.push(start);
+                source_cache = Some(cache);
             }
             cmd.arg(&script).arg(code_dir).arg(&handler).arg(out.path().join(GO_WORKER)).current_dir(out.path());
             run(builds, deadline, &mut cmd, &reads, out.path(), "building the Go function")?;
+            if let Some(cache) = &source_cache {
+                builds.publish_go_source_cache(cache, &out.path().join(GO_CACHES))?;
+            }
             out.take(GO_WORKER, code_dir)?;
             Ok(deps)
         }

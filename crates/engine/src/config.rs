@@ -56,6 +56,23 @@ pub struct EngineConfig {
     pub build_seed_dir: PathBuf,
     /// Each function's log: its size before rotation and its rate.
     pub log_caps: sandbox::logs::Caps,
+    /// How many calls a function runs at once.
+    pub concurrency: Concurrency,
+    /// Send every internal call as an HTTP request to this gateway
+    /// (`http://HOST:PORT`) instead of serving it here: OpenFaaS's way,
+    /// for measuring the local fast path (`via_gateway`).
+    pub internal_calls_via: Option<String>,
+}
+
+/// How many calls of a function run at once (Nightcore §3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Concurrency {
+    /// τ = λ·t from the function's measured rate and processing time.
+    Managed,
+    /// τ = max_workers always: as many as there are calls, up to the
+    /// manifest's bound (Nightcore Figure 8's baseline, "concurrency
+    /// management disabled").
+    Fixed,
 }
 
 /// Container isolation (Nuka §III): the pool's settings and the reuse rule.
@@ -113,6 +130,8 @@ impl EngineConfig {
                 state_dir.join("go-seed")
             },
             log_caps: sandbox::logs::Caps::DEFAULT,
+            concurrency: Concurrency::Managed,
+            internal_calls_via: None,
         }
     }
 

@@ -500,6 +500,25 @@ impl IoThread {
             );
         };
         let name = String::from_utf8_lossy(&inline[..name_len]).into_owned();
+        if self.shared.via_gateway.is_some() {
+            if !wire::valid_function_name(&name) {
+                return reject(ErrorKind::NotFound, format!("no function named {name:?}"));
+            }
+            let out = OutCall {
+                caller: caller.clone(),
+                tx: tx.clone(),
+                worker_id,
+                parent_call_id: parent,
+                callee: name.into(),
+                give_up_us: 0,
+                sent_ns: sys::clock::monotonic_ns(),
+                conn: (0, Token(0)),
+            };
+            if let Err((kind, msg)) = self.via_gateway(h, m, out) {
+                reject(kind, msg);
+            }
+            return;
+        }
         let Some(callee) = self.shared.function(&name) else {
             // Not on this server: through a gateway to one it runs on.
             if self.shared.remote.connected() && wire::valid_function_name(&name) {
@@ -579,6 +598,46 @@ impl IoThread {
     /// gateway connection (`remote`). An error is the caller's answer now.
     fn forward(&mut self, h: &Header, m: &Message, mut out: OutCall) -> Result<(), (ErrorKind, String)> {
         let name = out.callee.clone();
+        let sent = self.leaving(h, m, &mut out)?;
+        // The parent as the callee's engine will show it: its caller's id
+        // for it if it too came from another server.
+        let f = wire::frame::Forward {
+            origin_call_id: h.call_id,
+            parent_call_id: self.shared.remote.shown_id(out.parent_call_id),
+            name: name.as_bytes(),
+            input: &sent.input,
+        };
+        let timeout_ms = sent.timeout_ms.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX));
+        let frame = wire::frame::forward_frame(h.call_id, timeout_ms, sent.depth, &f);
+        match self.shared.remote.start(self.idx, h.call_id, out) {
+            Ok((thread, conn)) if thread == self.idx => self.queue_write(conn, &frame),
+            Ok((thread, conn)) => self.shared.post(thread, Cmd::Reply { conn, frame }),
+            Err(_) => {
+                return Err((
+                    ErrorKind::EngineUnavailable,
+                    format!("{name} is not on this server, and no gateway is connected to reach the one it is on"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends an internal call to the gateway over HTTP (`--internal-calls-via`).
+    fn via_gateway(&mut self, h: &Header, m: &Message, mut out: OutCall) -> Result<(), (ErrorKind, String)> {
+        let sent = self.leaving(h, m, &mut out)?;
+        let job = crate::via_gateway::Job { call_id: h.call_id, out, input: sent.input, timeout_ms: sent.timeout_ms };
+        if let Some(v) = &self.shared.via_gateway {
+            v.submit(&self.shared, job);
+        }
+        Ok(())
+    }
+
+    /// What an internal call that leaves this engine carries: its input
+    /// (taken from the caller's payload file if there is one), what is
+    /// left of its deadline, and the depth of its chain. Sets when the
+    /// caller stops waiting for it.
+    fn leaving(&self, h: &Header, m: &Message, out: &mut OutCall) -> Result<Leaving, (ErrorKind, String)> {
+        let name = out.callee.clone();
         let now_us = sys::clock::unix_us();
         // The deadline is the worker's word: no later than the longest
         // timeout any function may have from now (a callee's engine cuts
@@ -588,13 +647,9 @@ impl IoThread {
         if deadline_us <= now_us {
             return Err((ErrorKind::Timeout, "the caller's deadline has already passed".into()));
         }
-        // What is left of it travels (the servers' clocks may differ); 0
+        // What is left of it travels (the servers' clocks may differ); None
         // leaves the callee its own timeout.
-        let timeout_ms = if h.deadline_us == 0 {
-            0
-        } else {
-            u32::try_from((deadline_us - now_us).div_ceil(1000)).unwrap_or(u32::MAX)
-        };
+        let timeout_ms = (h.deadline_us != 0).then(|| (deadline_us - now_us).div_ceil(1000));
         out.give_up_us = deadline_us.saturating_add(remote::ANSWER_SLACK_US);
         let depth_max = self.shared.cfg.max_call_depth;
         let (depth, _, duplicate) = self.shared.ancestry(h.call_id, out.parent_call_id, None, depth_max);
@@ -623,26 +678,7 @@ impl IoThread {
         } else {
             m.inline(h)[name_len..].to_vec()
         };
-        // The parent as the callee's engine will show it: its caller's id
-        // for it if it too came from another server.
-        let f = wire::frame::Forward {
-            origin_call_id: h.call_id,
-            parent_call_id: self.shared.remote.shown_id(out.parent_call_id),
-            name: name.as_bytes(),
-            input: &input,
-        };
-        let frame = wire::frame::forward_frame(h.call_id, timeout_ms, depth, &f);
-        match self.shared.remote.start(self.idx, h.call_id, out) {
-            Ok((thread, conn)) if thread == self.idx => self.queue_write(conn, &frame),
-            Ok((thread, conn)) => self.shared.post(thread, Cmd::Reply { conn, frame }),
-            Err(_) => {
-                return Err((
-                    ErrorKind::EngineUnavailable,
-                    format!("{name} is not on this server, and no gateway is connected to reach the one it is on"),
-                ))
-            }
-        }
-        Ok(())
+        Ok(Leaving { input, timeout_ms, depth })
     }
 
     fn submit(&mut self, call_id: u64, rec: CallRecord) {
@@ -867,4 +903,12 @@ fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, 
         depth_above: 0,
         recv_unix_us: sys::clock::unix_us(),
     }
+}
+
+/// An internal call leaving this engine (`IoThread::leaving`).
+struct Leaving {
+    input: Vec<u8>,
+    /// What is left of the caller's deadline, or None if it has none.
+    timeout_ms: Option<u64>,
+    depth: u32,
 }

@@ -18,8 +18,9 @@ pub mod scheduler;
 mod shared;
 pub use api::spec;
 mod supervisor;
+mod via_gateway;
 
-pub use config::{ContainerConfig, EngineConfig, Placement};
+pub use config::{Concurrency, ContainerConfig, EngineConfig, Placement};
 pub use error::{Error, Result};
 
 use api::auth::Role;
@@ -81,6 +82,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
     std::fs::set_permissions(&fifos, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     let logs = sandbox::logs::Logs::start("engine-logs")?;
     let (sup_tx, sup_rx) = mpsc::channel();
+    let cfg_via = cfg.internal_calls_via.clone();
     let shared = Arc::new(Shared {
         cpus,
         cfg,
@@ -96,6 +98,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         builds,
         logs,
         remote: remote::Remote::default(),
+        via_gateway: cfg_via.as_deref().map(via_gateway::ViaGateway::new),
     });
     shared.builds.prepare_go(&shared.cfg);
     for (i, poll) in polls.into_iter().enumerate() {

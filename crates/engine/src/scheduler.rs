@@ -61,6 +61,8 @@ pub struct Scheduler {
     pub running_max: u32,
     /// Recent times from asking for a worker to its hello, in µs.
     ready_us: VecDeque<u64>,
+    /// τ is max_workers, not λ·t (`with_fixed_concurrency`).
+    fixed: bool,
 }
 
 /// What a worker's channel closing meant.
@@ -92,10 +94,21 @@ impl Scheduler {
             running: 0,
             running_max: 0,
             ready_us: VecDeque::new(),
+            fixed: false,
         }
     }
 
+    /// With `fixed`, τ is max_workers whatever the load (managed
+    /// concurrency off: Nightcore Figure 8's baseline).
+    pub fn with_fixed_concurrency(mut self, fixed: bool) -> Scheduler {
+        self.fixed = fixed;
+        self
+    }
+
     pub fn tau(&self, now_ns: u64) -> u32 {
+        if self.fixed {
+            return self.max_workers.max(1);
+        }
         let busy = self.queued() > 0 || self.running > 0;
         let tau = self.hint.tau(now_ns, busy, self.min_workers, self.max_workers);
         debug_assert!(tau >= 1, "τ = {tau}: a function could never run a call");
@@ -411,6 +424,26 @@ mod tests {
         assert_eq!(s.next_dispatch(2000 * MS, 0), None);
         assert_eq!(s.queued(), 1);
         assert_eq!(s.workers_to_create(2000 * MS), 0);
+    }
+
+    #[test]
+    fn fixed_concurrency_runs_up_to_max_workers_whatever_the_rate() {
+        // The same slow arrivals of long calls that give τ = 1 above.
+        let mut s = Scheduler::new(1, 4, 1e-3).with_fixed_concurrency(true);
+        ready_pool(&mut s, 4);
+        s.enqueue(1, 0);
+        let (_, w) = s.next_dispatch(0, 0).expect("dispatch");
+        s.complete(w, 1, 100 * MS, 100 * MS);
+        for c in 2..=6 {
+            s.enqueue(c, 1000 * MS * c);
+        }
+        let now = 6000 * MS;
+        assert_eq!(s.tau(now), 4);
+        for _ in 0..4 {
+            assert!(s.next_dispatch(now, 0).is_some(), "4 run at once");
+        }
+        assert_eq!(s.next_dispatch(now, 0), None, "never beyond max_workers");
+        assert_eq!(s.queued(), 1);
     }
 
     #[test]

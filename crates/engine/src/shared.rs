@@ -271,6 +271,8 @@ pub(crate) struct Shared {
     pub logs: sandbox::logs::Logs,
     /// Internal calls to and from other servers.
     pub remote: crate::remote::Remote,
+    /// With `--internal-calls-via`: where every internal call goes instead.
+    pub via_gateway: Option<crate::via_gateway::ViaGateway>,
 }
 
 /// Locks a mutex, carrying on if a thread panicked while holding it: every

@@ -227,7 +227,8 @@ impl Supervisor {
             registered: Instant::now(),
             fingerprint: spec.fingerprint(),
             core: Mutex::new(FnCore {
-                sched: Scheduler::new(spec.min_workers, spec.max_workers, cfg.ema_alpha),
+                sched: Scheduler::new(spec.min_workers, spec.max_workers, cfg.ema_alpha)
+                    .with_fixed_concurrency(cfg.concurrency == crate::config::Concurrency::Fixed),
                 workers: HashMap::new(),
                 launcher: Launcher { state: LauncherState::Starting, ..Launcher::down() },
                 removed: false,

@@ -103,6 +103,8 @@ pub enum Body {
     Empty,
     Bytes(Vec<u8>),
     Json(Vec<u8>),
+    /// `bodies_file`: one JSON body per line, sent in turn.
+    Lines(Vec<Vec<u8>>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -166,6 +168,7 @@ struct FileInstance {
     on_seconds: Option<f64>,
     off_seconds: Option<f64>,
     trace_file: Option<String>,
+    bodies_file: Option<String>,
     #[serde(rename = "_comment")]
     _comment: Option<IgnoredAny>,
 }
@@ -414,6 +417,12 @@ impl FileInstance {
     }
 
     fn body(&self, dir: &Path) -> Result<Body, Error> {
+        if let Some(f) = &self.bodies_file {
+            if self.data_file.is_some() || self.param_file.is_some() || self.data.is_some() {
+                return Err(cfg("bodies_file cannot be combined with data_file, param_file or data"));
+            }
+            return read_bodies_file(&resolve(dir, f));
+        }
         if let Some(f) = &self.data_file {
             let p = resolve(dir, f);
             return std::fs::read(&p)
@@ -491,6 +500,35 @@ fn rebase(inter_arrivals_s: &[f64], window: Option<(f64, f64)>) -> Vec<f64> {
         }
     }
     out
+}
+
+/// Most lines a `bodies_file` may have (each becomes a prebuilt request).
+pub const BODIES_MAX: usize = 1_000_000;
+
+/// A `bodies_file`: one JSON value per line (blank lines skipped); the
+/// requests of an instance take them in turn, the k-th request line
+/// k mod n, so a seeded generator's requests are sent in its order.
+fn read_bodies_file(p: &Path) -> Result<Body, Error> {
+    let err = |m: String| Error::Config(format!("bodies_file {}: {m}", p.display()));
+    let text = std::fs::read_to_string(p).map_err(|e| err(e.to_string()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(line) {
+            return Err(err(format!("line {}: not JSON: {e}", i + 1)));
+        }
+        if out.len() == BODIES_MAX {
+            return Err(err(format!("more than {BODIES_MAX} bodies")));
+        }
+        out.push(line.as_bytes().to_vec());
+    }
+    if out.is_empty() {
+        return Err(err("no bodies (one JSON value per line)".into()));
+    }
+    Ok(Body::Lines(out))
 }
 
 fn read_param_file(p: &Path) -> Result<Body, Error> {

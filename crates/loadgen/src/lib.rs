@@ -90,6 +90,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
         Some(s) => Some(start_script(s, &cfg.dir, None).map_err(io("starting perf_monitoring.runtime_script"))?),
         None => None,
     };
+    let template_of = template_of_arrivals(&arrivals, &template_of, &cfg);
     let plan = sender::Plan { arrivals: &arrivals, templates, template_of };
     let sopts = sender::Options {
         max_connections: opts.max_connections.max(1),
@@ -125,7 +126,8 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
 
 type Templates = (Vec<sender::Template>, Vec<Vec<usize>>);
 
-/// One prebuilt request per (instance, application).
+/// Prebuilt requests: per (instance, application), one, or one per line of
+/// a `bodies_file` (consecutive, starting at the index returned for it).
 fn templates(cfg: &Config, base_url: &str) -> Result<Templates, Error> {
     let mut out = Vec::new();
     let mut index = Vec::new();
@@ -136,21 +138,44 @@ fn templates(cfg: &Config, base_url: &str) -> Result<Templates, Error> {
                 inst.url.clone().unwrap_or_else(|| format!("{}/function/{app}", base_url.trim_end_matches('/')));
             let url = http::parse_url(&url_s).map_err(|e| Error::Config(format!("instance {}: {e}", inst.name)))?;
             let path = if url.path.is_empty() { "/".to_string() } else { url.path.clone() };
-            let (body, json): (&[u8], bool) = match &inst.body {
-                Body::Empty => (&[], false),
-                Body::Bytes(b) => (b, false),
-                Body::Json(b) => (b, true),
+            let bodies: Vec<(&[u8], bool)> = match &inst.body {
+                Body::Empty => vec![(&[], false)],
+                Body::Bytes(b) => vec![(b, false)],
+                Body::Json(b) => vec![(b, true)],
+                Body::Lines(lines) => lines.iter().map(|l| (l.as_slice(), true)).collect(),
             };
             row.push(out.len());
-            out.push(sender::Template {
-                target: url.addr,
-                bytes: http::build_request(&inst.method, &url.host, &path, &inst.headers, body, json),
-                body_len: body.len(),
-            });
+            for (body, json) in bodies {
+                out.push(sender::Template {
+                    target: url.addr,
+                    bytes: http::build_request(&inst.method, &url.host, &path, &inst.headers, body, json),
+                    body_len: body.len(),
+                });
+            }
         }
         index.push(row);
     }
     Ok((out, index))
+}
+
+/// The template of each arrival: its (instance, application)'s, and with a
+/// `bodies_file` the next body of its instance in turn (arrivals are in
+/// time order, so the k-th request of an instance gets body k mod n).
+fn template_of_arrivals(arrivals: &[schedule::Arrival], first: &[Vec<usize>], cfg: &Config) -> Vec<usize> {
+    let mut sent = vec![0usize; cfg.instances.len()];
+    arrivals
+        .iter()
+        .map(|a| {
+            let (i, app) = (a.instance as usize, a.app as usize);
+            let n = match &cfg.instances[i].body {
+                Body::Lines(lines) => lines.len(),
+                _ => 1,
+            };
+            let k = sent[i] % n;
+            sent[i] += 1;
+            first[i][app] + k
+        })
+        .collect()
 }
 
 fn random_seed() -> u64 {

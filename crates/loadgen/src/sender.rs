@@ -29,8 +29,8 @@ pub struct Template {
 pub struct Plan<'a> {
     pub arrivals: &'a [Arrival],
     pub templates: Vec<Template>,
-    /// templates index by [instance][app].
-    pub template_of: Vec<Vec<usize>>,
+    /// The template of each arrival.
+    pub template_of: Vec<usize>,
 }
 
 pub struct Options {
@@ -178,8 +178,7 @@ impl Sender<'_> {
     /// Sends every due arrival. Returns true when one is due but the pool is at its cap.
     fn send_due(&mut self, now: u64) -> bool {
         while self.next < self.plan.arrivals.len() && self.plan.arrivals[self.next].at_ns <= now {
-            let a = self.plan.arrivals[self.next];
-            let tpl = self.plan.template_of[a.instance as usize][a.app as usize];
+            let tpl = self.plan.template_of[self.next];
             let target = self.template_target[tpl];
             let slot = match self.idle[target].pop() {
                 Some(c) => c,
@@ -258,8 +257,7 @@ impl Sender<'_> {
     fn write_some(&mut self, slot: usize) {
         let Some(c) = self.conns[slot].as_mut() else { return };
         let (State::Busy, Some(i)) = (&c.state, c.req) else { return };
-        let a = self.plan.arrivals[i];
-        let bytes = &self.plan.templates[self.plan.template_of[a.instance as usize][a.app as usize]].bytes;
+        let bytes = &self.plan.templates[self.plan.template_of[i]].bytes;
         while c.written < bytes.len() {
             match c.stream.write(&bytes[c.written..]) {
                 Ok(0) => return self.drop_conn(slot, "reset"),

@@ -174,3 +174,47 @@ fn timestamps() {
     assert_eq!(timestamp(0), "19700101-000000");
     assert_eq!(timestamp(1_700_000_000), "20231114-221320");
 }
+
+/// A `bodies_file` gives each request of its instance the next line in
+/// turn; other instances keep their one body.
+#[test]
+fn bodies_file_bodies_go_in_turn() {
+    let d = std::env::temp_dir().join(format!("loadgen-bodies-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("b.jsonl"), "{\"k\":0}\n\n{\"k\":1}\n{\"k\":2}\n").unwrap();
+    let cfg = Config::parse(
+        r#"{"test_name":"t","test_duration_in_seconds":1,"random_seed":1,"instances":{
+            "a":{"application":"f","distribution":"Constant","rate":20,"bodies_file":"b.jsonl"},
+            "b":{"application":"g","distribution":"Constant","rate":10,"data":{"x":1}}}}"#,
+        &d,
+    )
+    .unwrap();
+    let (tpls, first) = templates(&cfg, "http://127.0.0.1:9").unwrap();
+    assert_eq!(tpls.len(), 4, "three bodies for a, one for b");
+    let arrivals = schedule::build(&cfg, 1);
+    let of = template_of_arrivals(&arrivals, &first, &cfg);
+    let mut seen_a = 0;
+    for (a, &t) in arrivals.iter().zip(&of) {
+        let req = String::from_utf8_lossy(&tpls[t].bytes).into_owned();
+        if a.instance == 0 {
+            assert!(req.ends_with(&format!("{{\"k\":{}}}", seen_a % 3)), "request {seen_a} of a: {req}");
+            assert!(req.contains("application/json"), "{req}");
+            seen_a += 1;
+        } else {
+            assert!(req.ends_with("{\"x\":1}"), "{req}");
+        }
+    }
+    assert_eq!(seen_a, 20);
+    let bad = |text: &str| {
+        std::fs::write(d.join("bad.jsonl"), text).unwrap();
+        let c = r#"{"test_name":"t","test_duration_in_seconds":1,"instances":{
+            "a":{"application":"f","distribution":"Poisson","rate":1,"bodies_file":"bad.jsonl"}}}"#;
+        Config::parse(c, &d).unwrap_err().to_string()
+    };
+    assert!(bad("{\"k\":1}\n{oops\n").contains("line 2: not JSON"), "{}", bad("{\"k\":1}\n{oops\n"));
+    assert!(bad("\n\n").contains("no bodies"));
+    let both = r#"{"test_name":"t","test_duration_in_seconds":1,"instances":{
+        "a":{"application":"f","distribution":"Poisson","rate":1,"bodies_file":"b.jsonl","data":{}}}}"#;
+    assert!(Config::parse(both, &d).unwrap_err().to_string().contains("cannot be combined"));
+    std::fs::remove_dir_all(&d).unwrap();
+}

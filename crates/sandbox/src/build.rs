@@ -32,9 +32,12 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// A build's own tmpfs (and HOME): not /tmp, which stays free for binding
-/// host paths under /tmp at their own paths.
-pub const BUILD_TMP: &str = "/var/tmp";
+/// A build's own tmpfs (and HOME). Host paths a build reads are bound at
+/// their own paths, so this must be a path no host directory of ours lives
+/// under: not /tmp, nor /var/tmp (a state directory under /var/tmp made
+/// every Go build fail with "attaching ...: No such file or directory", the
+/// mountpoint hidden by this tmpfs). A read beneath it is refused (`run`).
+pub const BUILD_TMP: &str = "/.staccato-build-tmp";
 
 /// Builds running at once, at most (each holds a container and a uid).
 const BUILDS_MAX: u32 = 32;
@@ -232,6 +235,9 @@ impl Builder {
     }
 
     fn run_at(&self, index: u32, job: &Job) -> Result<Finished, BuildError> {
+        if let Some(p) = job.reads.iter().chain(&job.output).find(|p| p.starts_with(BUILD_TMP)) {
+            return Err(Error::Config(format!("{} lies under the build's own {BUILD_TMP}", p.display())).into());
+        }
         // The scratch tmpfs first: the container's uid owns what is in it.
         let scratch = sys::mount::tmpfs(Path::new("/"), self.cfg.output_bytes)
             .map_err(Error::io("making the build's scratch tmpfs"))?;

@@ -45,6 +45,16 @@ pub enum PlacementArg {
     Kernel,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConcurrencyArg {
+    /// τ = λ·t per function, from its measured rate and processing time
+    /// (Nightcore §3.3).
+    Managed,
+    /// Every function runs as many calls at once as it has, up to its
+    /// max_workers (managed concurrency off; for comparisons).
+    Fixed,
+}
+
 /// Settings both the engine and the gateway read.
 #[derive(Args, Clone, Debug)]
 pub struct CommonArgs {
@@ -84,6 +94,15 @@ pub struct EngineArgs {
     /// EMA coefficient for the concurrency hint (Nightcore: 1e-3).
     #[arg(long, default_value_t = 1e-3)]
     pub ema_alpha: f64,
+    /// How many calls of a function run at once.
+    #[arg(long, value_enum, default_value = "managed")]
+    pub concurrency: ConcurrencyArg,
+    /// Send every internal call as an HTTP request to this gateway
+    /// (http://HOST:PORT), as gateway-routed FaaS systems do, instead of
+    /// serving it on this engine. For measuring the local fast path: such
+    /// calls lose their chain's depth limit and trace links.
+    #[arg(long, value_name = "URL")]
+    pub internal_calls_via: Option<String>,
     /// Python interpreter for Python functions.
     #[arg(long, default_value = "python3")]
     pub python: String,
@@ -554,6 +573,20 @@ fn start_engine(
     cfg.cache_dir = state.join("cache");
     cfg.secret = secret;
     cfg.max_call_depth = e.max_call_depth;
+    cfg.concurrency = match e.concurrency {
+        ConcurrencyArg::Managed => engine::Concurrency::Managed,
+        ConcurrencyArg::Fixed => engine::Concurrency::Fixed,
+    };
+    if let Some(url) = &e.internal_calls_via {
+        let base = url.strip_prefix("http://").unwrap_or("");
+        if base.is_empty() || base.trim_end_matches('/').contains('/') {
+            bail!("--internal-calls-via must be a gateway's http://HOST:PORT, got {url:?}");
+        }
+        log::warn!(
+            "every internal call goes through the gateway at {url} (--internal-calls-via), not the local fast path"
+        );
+        cfg.internal_calls_via = Some(url.clone());
+    }
     let size = |flag: &str, v: &str| api::units::parse_size(v).map_err(|err| anyhow::anyhow!("{flag} {v:?}: {err}"));
     cfg.log_caps = sandbox::logs::Caps {
         file_bytes: size("--log-max-size", &e.log_max_size)?,

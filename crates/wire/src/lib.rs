@@ -61,6 +61,11 @@ impl ErrorKind {
         self as u16
     }
 
+    /// The kind a name (as in [`ErrorKind::name`]) stands for.
+    pub fn from_name(name: &str) -> Option<ErrorKind> {
+        ErrorKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             ErrorKind::NotFound => "not_found",
@@ -140,7 +145,9 @@ mod tests {
     fn error_codes_round_trip() {
         for k in ErrorKind::ALL {
             assert_eq!(ErrorKind::from_code(k.code()), Some(k));
+            assert_eq!(ErrorKind::from_name(k.name()), Some(k));
         }
+        assert_eq!(ErrorKind::from_name("Timeout"), None);
         assert_eq!(ErrorKind::from_code(0), None);
         assert_eq!(ErrorKind::from_code(15), None);
     }
