@@ -2,7 +2,7 @@
 # Toolchains installed outside the default PATH on Debian images.
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/.cargo/bin
 
-.PHONY: setup build demo demo-cluster test test-unit test-runtimes test-integration fuzz bench lint fmt clean
+.PHONY: setup build demo demo-cluster test test-unit test-runtimes test-integration fuzz bench bench-socialnet lint fmt clean
 
 setup:
 	@scripts/setup.sh
@@ -44,6 +44,14 @@ test-integration: setup
 ## Microbenchmarks (see BENCHMARKS.md).
 bench: setup
 	target/release/staccato bench micro
+
+## The SocialNetwork application (examples/socialnet) on real Redis, memcached
+## and PostgreSQL: every variant (Staccato default, internal calls through the
+## gateway, managed concurrency off, no spinning; RPC servers) swept over
+## offered rates in one run, ~40 minutes. Results in bench-results/socialnet-*/.
+## SOCIALNET_ARGS passes options (e.g. --variants staccato rpc --duration 10).
+bench-socialnet: setup
+	python3 examples/socialnet/snctl.py bench $(SOCIALNET_ARGS)
 
 ## Formatting and clippy with -D warnings (which enforces a SAFETY comment on
 ## every unsafe block in crates/sys).

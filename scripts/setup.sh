@@ -17,6 +17,11 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # Several gateways share their functions through etcd (issue 11); the tests
 # and scripts/etcd.sh start it on loopback.
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+# The SocialNetwork example's stores (issue 12): its tests and
+# `make bench-socialnet` start them on loopback (examples/socialnet/snlib/stores.py).
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v memcached >/dev/null 2>&1 || need_apt+=(memcached)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> apt-get install ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi

@@ -159,8 +159,9 @@ def phase_rows(variant, workload, run_dir, sampler, calls_before, calls_after):
         done = ph["count"] or 0
         row = {
             "variant": variant.name, "workload": workload, "offered": ph["rate"],
-            "achieved": ph["achieved_rate"], "count": done, "ok": ph["ok"], "errors": ph["errors"],
+            "achieved": ph["achieved_rate"], "count": done, "ok": ph["ok"], "errors": _errors(ph["errors"]),
             "p50_ms": ph["p50_ms"], "p99_ms": ph["p99_ms"], "slo_latency_ms": ph.get("slo_latency_ms"),
+            "errors_by_kind": ph["errors"],
             "slo_met": ph.get("slo_met"),
             "internal_share": internal / total_calls if total_calls else None,
             "run_dir": str(run_dir),
@@ -173,6 +174,11 @@ def phase_rows(variant, workload, run_dir, sampler, calls_before, calls_after):
                         "steal_s": cpu["steal"]})
         rows.append(row)
     return rows
+
+
+def _errors(e):
+    """A phase's errors as a count (summary.json has them by kind)."""
+    return sum(e.values()) if isinstance(e, dict) else (e or 0)
 
 
 # ------------------------------------------------------------ the report

@@ -30,12 +30,23 @@ APIS = ["sn-post-compose", "sn-home-timeline-read", "sn-user-timeline-read", "sn
         "sn-user-register", "sn-user-login"]
 ALL_FUNCTIONS = GO_SERVICES + list(PY_SERVICES) + APIS
 
-VARIANTS = ["staccato", "staccato-via-gateway", "staccato-fixed", "rpc"]
+VARIANTS = ["staccato", "staccato-via-gateway", "staccato-fixed", "rpc", "staccato-nospin"]
 DESCRIPTIONS = {
     "staccato": "Staccato, default settings",
     "staccato-via-gateway": "Staccato, every internal call over HTTP through the gateway",
     "staccato-fixed": "Staccato, managed concurrency off (tau = max_workers)",
     "rpc": "RPC servers (one process per service, HTTP/1.1 keep-alive pools)",
+    # Not one of the issue's variants: it isolates what the defaults' spinning
+    # and pausing cost on 2 vCPUs (BENCHMARKS.md, "SocialNetwork").
+    "staccato-nospin": "Staccato, no spinning, no pausing (--worker-spin-us 0 --engine-spin-us 0 --no-pause)",
+}
+
+# Each variant's flags to `staccato up` beyond the defaults.
+STACCATO_FLAGS = {
+    "staccato": [],
+    "staccato-via-gateway": ["--internal-calls-via", "{url}"],
+    "staccato-fixed": ["--concurrency", "fixed"],
+    "staccato-nospin": ["--worker-spin-us", "0", "--engine-spin-us", "0", "--no-pause"],
 }
 
 
@@ -73,17 +84,40 @@ def stop(proc, timeout=20):
         proc.wait(10)
 
 
+def _uid_of(proc_dir):
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in (proc_dir / "status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    return None
+
+
 def store_ports(s):
     return f"{s.redis_port},{s.memcached_port},{s.pg_port}"
+
+
+def manifest_for(s):
+    """examples/socialnet/staccato.yml with absolute sources and the stores'
+    ports (the file names the default ones)."""
+    text = (HERE / "staccato.yml").read_text()
+    for d in ("go", "python"):
+        text = text.replace(f"    source: {d}\n", f"    source: {HERE / d}\n")
+    for var, default, port in (("SN_REDIS_PORT", st.REDIS_PORT, s.redis_port),
+                               ("SN_MEMCACHED_PORT", st.MEMCACHED_PORT, s.memcached_port),
+                               ("SN_PG_PORT", st.PG_PORT, s.pg_port)):
+        text = text.replace(f'{var}: "{default}"', f'{var}: "{port}"')
+    return text
 
 
 class StaccatoVariant:
     """One `staccato up`, with the application deployed."""
 
-    def __init__(self, name, workdir, port, stores, extra=(), isolation=None):
+    def __init__(self, name, workdir, port, stores, extra=(), isolation=None, state=None):
         self.name, self.port, self.stores = name, port, stores
         self.workdir = Path(workdir) / name
-        self.state = self.workdir / "state"
+        # A state directory another variant deployed to serves its functions
+        # again at start, without a deploy (`start(deploy=False)`).
+        self.state = Path(state) if state else self.workdir / "state"
         self.token = secrets.token_hex(16)
         self.extra = list(extra)
         self.isolation = isolation
@@ -96,15 +130,12 @@ class StaccatoVariant:
     def argv(self):
         a = [str(STACCATO), "up", "--listen", f"127.0.0.1:{self.port}", "--state-dir", str(self.state),
              "--token", self.token, "--host-ports", store_ports(self.stores)]
-        if self.name == "staccato-via-gateway":
-            a += ["--internal-calls-via", self.url]
-        if self.name == "staccato-fixed":
-            a += ["--concurrency", "fixed"]
+        a += [f.format(url=self.url) for f in STACCATO_FLAGS[self.name]]
         if self.isolation:
             a += ["--isolation", self.isolation]
         return a + self.extra
 
-    def start(self, progress=print):
+    def start(self, progress=print, deploy=True):
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "staccato.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
@@ -112,9 +143,15 @@ class StaccatoVariant:
             self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         wait_http(self.port, "/healthz", self.proc, self.log, f"staccato up ({self.name})")
+        if not deploy:
+            self.wait_ready()
+            progress(f"  {self.name}: staccato up on {self.url}, serving the functions its state holds")
+            return
         progress(f"  {self.name}: staccato up on {self.url}; deploying (Go functions compile on first deploy)")
         t0 = time.monotonic()
-        r = subprocess.run([str(STACCATO), "--gateway", self.url, "--token", self.token, "deploy", str(HERE)],
+        manifest = self.workdir / "staccato.yml"
+        manifest.write_text(manifest_for(self.stores))
+        r = subprocess.run([str(STACCATO), "--gateway", self.url, "--token", self.token, "deploy", str(manifest)],
                            capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"deploy to {self.name} failed:\n{r.stdout}{r.stderr}")
@@ -123,21 +160,48 @@ class StaccatoVariant:
     def stop(self):
         stop(self.proc)
 
-    def pids(self):
-        """The processes of this variant: staccato itself and every
-        function process (containers' too), found by ancestry or cgroup."""
-        return [self.proc.pid] if self.proc else []
+    def functions(self):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            c.request("GET", "/system/functions", headers={"Authorization": f"Bearer {self.token}"})
+            r = c.getresponse()
+            body = r.read()
+        finally:
+            c.close()
+        if r.status != 200:
+            raise RuntimeError(f"{self.name}: /system/functions answered {r.status}: {body[:300]!r}")
+        return json.loads(body)
+
+    def wait_ready(self, timeout=120.0):
+        """Until every function of the application runs (a restart restores
+        them one by one)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = {f["name"] for f in self.functions() if (f.get("status") or {}).get("launcher") == "ready"}
+            missing = sorted(set(ALL_FUNCTIONS) - ready)
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: functions not ready after {timeout:.0f} s: {missing}")
+            time.sleep(0.2)
+
+    def kill_function(self, name):
+        """SIGKILLs every process of a function's container (its launcher
+        and workers): what a crash or the OOM killer does. Returns the pids."""
+        f = next(f for f in self.functions() if f["name"] == name)
+        uid = ((f.get("status") or {}).get("container") or {}).get("uid")
+        if uid is None:
+            raise RuntimeError(f"{name} runs in no container here; kill_function needs container isolation")
+        pids = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _uid_of(d) == uid]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
 
     def calls_total(self):
         """Calls every function has taken since it was deployed (external
         and internal), from the gateway's status."""
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            c.request("GET", "/system/functions", headers={"Authorization": f"Bearer {self.token}"})
-            doc = json.loads(c.getresponse().read())
-        finally:
-            c.close()
-        st = {f["name"]: f.get("status") or {} for f in doc}
+        st = {f["name"]: f.get("status") or {} for f in self.functions()}
         return {name: s.get("completed", 0) + s.get("failed", 0) for name, s in st.items()}
 
 
@@ -148,9 +212,10 @@ class RpcVariant:
 
     name = "rpc"
 
-    def __init__(self, workdir, base_port, stores):
+    def __init__(self, workdir, base_port, stores, port_fn=None):
         self.workdir = Path(workdir) / "rpc"
-        self.base_port = base_port
+        # Server i listens on base_port + i, or on port_fn() (tests: free ports).
+        self.port_fn = port_fn or (lambda i: base_port + i)
         self.stores = stores
         self.procs = {}
         self.ports = {}
@@ -174,7 +239,7 @@ class RpcVariant:
         servers = {"frontend": APIS, **{s: [s] for s in GO_SERVICES}, **{s: [s] for s in PY_SERVICES}}
         peers = {}
         for i, (server, names) in enumerate(servers.items()):
-            self.ports[server] = self.base_port + i
+            self.ports[server] = self.port_fn(i)
             for n in names:
                 peers[n] = f"http://127.0.0.1:{self.ports[server]}"
         peers_file = self.workdir / "peers.json"
@@ -217,12 +282,12 @@ class RpcVariant:
         return "frontend" if name in APIS else name
 
 
-def make(name, workdir, port, stores, isolation=None):
+def make(name, workdir, port, stores, isolation=None, state=None):
     if name == "rpc":
         return RpcVariant(workdir, port, stores)
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; variants: {', '.join(VARIANTS)}")
-    return StaccatoVariant(name, workdir, port, stores, isolation=isolation)
+    return StaccatoVariant(name, workdir, port, stores, isolation=isolation, state=state)
 
 
 __all__ = ["make", "VARIANTS", "StaccatoVariant", "RpcVariant", "st"]
