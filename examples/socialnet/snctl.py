@@ -16,6 +16,7 @@ writes results.md, results.json and the analyzer's latency-vs-load plots.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import shlex
@@ -27,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from snlib import bench, check, data, stores, variants  # noqa: E402
+from snlib import bench, check, cluster, data, stores, variants  # noqa: E402
 
 DEFAULT_DIR = Path("/var/tmp/staccato-socialnet")
 
@@ -82,58 +83,97 @@ def cmd_bench(a):
             "variants": a.variants, "when": f"{datetime.datetime.now():%Y-%m-%d %H:%M}",
             "command": " ".join(shlex.quote(x) for x in sys.argv)}
     rates = {"mixed": a.mixed_rates, "compose": a.compose_rates}
-    s = stores.Stores(a.dir / "stores")
-    say(f"==> stores under {s.root}")
-    s.down()  # leftovers of an interrupted run
-    s.up(say)
-    started = []
-    try:
-        s.flush()
-        for i, name in enumerate(a.variants):
-            say(f"==> starting {name}")
-            v = variants.make(name, a.dir / "variants", a.port + 100 * i, s)
-            started.append(v)  # stopped in `finally` even if it fails to start
-            v.start(say)
-        say(f"==> loading {a.users} users, {a.edges} follows, {a.posts_per_user} posts each (through {started[0].name})")
-        graph = data.load(data.Api(started[0].url), a.users, a.edges, a.posts_per_user, seed=a.seed, progress=say)
-        for v in started:
-            check.check(data.Api(v.url), graph, users=a.users, seed=len(v.name))
-            say(f"  {v.name}: correct (a post reaches its author's, a follower's and a mentioned user's timelines)")
-        bodies = bench.write_bodies(out / "bodies", a.users)
-        rows = []
-        compare = {}
-        with bench.Sampler(s) as sampler:
-            for k, workload in enumerate(a.workloads):
-                say(f"==> workload {workload}")
-                # Each workload starts with the next variant: the data grow
-                # as posts are composed, and no variant always goes last.
-                order = started[k % len(started):] + started[:k % len(started)]
-                dirs = []
-                for v in order:
-                    rs = bench.run_sweep(v, workload, rates[workload], bodies, out, sampler, opts, say)
-                    rows += rs
-                    dirs.append(rs[0]["run_dir"])
-                    best = bench.best_under_slo(rs)
-                    say(f"    {v.name}: highest rate under the SLO {best['offered'] if best else 'none'}; "
-                        f"errors {sum(r['errors'] or 0 for r in rs)}")
-                cdir = out / f"compare-{workload}"
-                r = subprocess.run([str(variants.STACCATO), "bench", "compare", *dirs, "--out", str(cdir)],
-                                   capture_output=True, text=True)
-                if r.returncode == 0:
-                    compare[workload] = str(cdir)
-                else:
-                    say(f"  warning: bench compare failed: {r.stderr.strip()[-500:]}")
-        for v in started:
-            check.check(data.Api(v.url), graph, users=a.users, seed=100 + len(v.name))
-        say("==> every variant still correct after the load")
-    finally:
-        for v in started:
-            v.stop()
-        s.down()
+    rows, compare = [], {}
+    if a.variants:
+        s = stores.Stores(a.dir / "stores")
+        say(f"==> stores under {s.root}")
+        s.down()  # leftovers of an interrupted run
+        s.up(say)
+        started = []
+        try:
+            s.flush()
+            for i, name in enumerate(a.variants):
+                say(f"==> starting {name}")
+                v = variants.make(name, a.dir / "variants", a.port + 100 * i, s)
+                started.append(v)  # stopped in `finally` even if it fails to start
+                v.start(say)
+            measure(a, started, s, out, opts, rates, rows, compare, "")
+        finally:
+            for v in started:
+                v.stop()
+            s.down()
+    if a.hosts:
+        say(f"==> {cluster.HOSTS} servers (test hosts): Staccato and the RPC servers")
+        bed, s = cluster.Bed(a.dir), None
+        try:
+            bed.up(say)
+            s = bed.stores(a.dir / "stores-testbed")
+            s.down()
+            s.up(say)
+            s.flush()
+            started = [cluster.StaccatoCluster(bed, s, a.dir / "variants"),
+                       cluster.RpcCluster(bed, s, a.dir / "variants")]
+            for v in started:
+                v.start(say)
+            measure(a, started, s, out, opts, rates, rows, compare, "-3hosts")
+        finally:
+            if s is not None:
+                with contextlib.suppress(Exception):
+                    s.down()
+            bed.down()
     (out / "results.json").write_text(json.dumps({"options": opts, "rates": rates, "rows": rows}, indent=1))
     bench.report(rows, opts, out / "results.md", compare)
     say((out / "results.md").read_text())
     say(f"==> results in {out}")
+    if opts.get("incorrect_after_load"):
+        sys.exit("snctl: a variant answered incorrectly after the load (see above)")
+
+
+def measure(a, started, s, out, opts, rates, rows, compare, tag):
+    """Loads the data through the first variant, checks every one, sweeps
+    every workload over each (the first variant changing per workload),
+    and checks again."""
+    say(f"==> loading {a.users} users, {a.edges} follows, {a.posts_per_user} posts each (through {started[0].name})")
+    graph = data.load(started[0].api(), a.users, a.edges, a.posts_per_user, seed=a.seed, progress=say)
+    for v in started:
+        check.check(v.api(), graph, users=a.users, seed=len(v.name))
+        say(f"  {v.name}: correct (a post reaches its author's, a follower's and a mentioned user's timelines)")
+    bodies = bench.write_bodies(out / "bodies", a.users)
+    with bench.Sampler(s) as sampler:
+        for k, workload in enumerate(a.workloads):
+            say(f"==> workload {workload}")
+            # Each workload starts with the next variant: the data grow as
+            # posts are composed, and no variant always goes last.
+            order = started[k % len(started):] + started[:k % len(started)]
+            dirs = []
+            for v in order:
+                rs = bench.run_sweep(v, workload, rates[workload], bodies, out, sampler, opts, say)
+                rows += rs
+                # Kept as they come: a later failure loses no measurement.
+                (out / "results.json").write_text(json.dumps({"options": opts, "rates": rates, "rows": rows},
+                                                             indent=1))
+                dirs.append(rs[0]["run_dir"])
+                best = bench.best_under_slo(rs)
+                say(f"    {v.name}: highest rate under the SLO {best['offered'] if best else 'none'}; "
+                    f"errors {sum(r['errors'] for r in rs)}")
+            cdir = out / f"compare-{workload}{tag}"
+            r = subprocess.run([str(variants.STACCATO), "bench", "compare", *dirs, "--out", str(cdir)],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                compare[workload + tag] = str(cdir)
+            else:
+                say(f"  warning: bench compare failed: {r.stderr.strip()[-500:]}")
+    failed = []
+    for v in started:
+        try:
+            check.check(v.api(), graph, users=a.users, seed=100 + len(v.name))
+        except (check.CheckFailed, data.CallFailed) as e:
+            failed.append(f"{v.name}: {e}")
+    if failed:
+        say("==> INCORRECT after the load:\n  " + "\n  ".join(failed))
+        opts.setdefault("incorrect_after_load", []).extend(failed)
+    else:
+        say(f"==> every variant{tag} still correct after the load")
 
 
 def main(argv=None):
@@ -162,7 +202,10 @@ def main(argv=None):
 
     p = sub.add_parser("bench", help="the whole benchmark in one run")
     p.add_argument("--out", type=Path, help="results directory (default bench-results/socialnet-<time>)")
-    p.add_argument("--variants", nargs="+", default=variants.VARIANTS, choices=variants.VARIANTS)
+    p.add_argument("--variants", nargs="*", default=variants.VARIANTS, choices=variants.VARIANTS,
+                   help="single-server variants (none: only the test hosts' run)")
+    p.add_argument("--hosts", type=int, choices=[0, 3], default=3,
+                   help="also run Staccato and the RPC servers over 3 test hosts (0: not)")
     p.add_argument("--workloads", nargs="+", default=list(bench.WORKLOADS), choices=list(bench.WORKLOADS))
     p.add_argument("--mixed-rates", type=float, nargs="+",
                    default=[100, 200, 400, 600, 800, 1000, 1200, 1400])

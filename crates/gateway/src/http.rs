@@ -424,6 +424,9 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
             "env": s.env,
             "status": st,
             "engines": engines,
+            // Every engine's status, where several run the function
+            // (`status` is the first one's).
+            "by_engine": on.iter().map(|(id, f)| json!({"engine": id, "status": f})).collect::<Vec<_>>(),
         }));
         if !s.placement.is_everywhere() {
             if let Some(last) = out.last_mut() {

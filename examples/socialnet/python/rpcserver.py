@@ -40,9 +40,17 @@ class Peer:
         self.idle = []
 
     async def request(self, path, body, timeout_ms):
-        if self.idle:
+        reader = writer = None
+        while self.idle:
             reader, writer = self.idle.pop()
-        else:
+            # The server may have closed it while it sat idle (an idle
+            # timeout): noticed before anything is sent, so the request
+            # goes on a new connection, never twice.
+            if not reader.at_eof() and not writer.is_closing():
+                break
+            writer.close()
+            reader = writer = None
+        if writer is None:
             reader, writer = await asyncio.open_connection(self.host, self.port)
         head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                 f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n"

@@ -122,6 +122,8 @@ def run_sweep(variant, workload, rates, bodies, out_dir, sampler, opts, progress
     run_dir = out_dir / "runs" / name
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     url = variant.url if isinstance(variant, variants.RpcVariant) else None
+    # A testbed's variants are called from its client host.
+    prefix = ["nsenter", f"--net={variant.bed.netns('client')}", "--"] if hasattr(variant, "bed") else []
     cfg = workload_config(name, workload, rates, bodies, opts["duration_s"], opts["warmup_s"], opts["pause_s"],
                           opts["slo_ms"], url=url)
     cfg_path = out_dir / "configs" / f"{name}.json"
@@ -130,10 +132,10 @@ def run_sweep(variant, workload, rates, bodies, out_dir, sampler, opts, progress
     calls_before = variant.calls_total()
     progress(f"  {variant.name} / {workload}: {len(rates)} rates {rates} x {opts['duration_s']} s")
     env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
-    argv = [str(variants.STACCATO), "--gateway", variant.url, "bench", "run", str(cfg_path), "--out", str(run_dir),
-            "--no-analyze", "--max-connections", "4096"]
-    if isinstance(variant, variants.StaccatoVariant):
-        argv[1:1] = ["--token", variant.token]
+    argv = [*prefix, str(variants.STACCATO), "--gateway", variant.url, "bench", "run", str(cfg_path), "--out",
+            str(run_dir), "--no-analyze", "--max-connections", "4096"]
+    if getattr(variant, "token", None):
+        argv[len(prefix) + 1:len(prefix) + 1] = ["--token", variant.token]
     with open(out_dir / "runs" / f"{name}.log", "wb") as log:
         p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         sampler.loadgen_pid = p.pid
@@ -189,17 +191,33 @@ def best_under_slo(rows):
 
 
 def report(rows, opts, path, compare_dirs):
-    by = {}
-    for r in rows:
-        by.setdefault((r["workload"], r["variant"]), []).append(r)
+    groups = [("One server", "", [r for r in rows if not r["variant"].endswith("-3hosts")]),
+              (f"Three test hosts", "-3hosts", [r for r in rows if r["variant"].endswith("-3hosts")])]
     lines = [f"# SocialNetwork on Staccato: {opts['when']}", "",
              f"Command: `{opts['command']}`", "",
              f"SLO: p99 <= {opts['slo_ms']} ms with no errors (failed requests count as infinitely slow). "
              f"Each rate runs {opts['duration_s']} s, the first {opts['warmup_s']} s left out. "
              "CPU s per 1,000 requests: the machine's busy time (steal excluded) minus the stores' and the "
              "load generator's, over the measured part of the phase.", ""]
+    for bad in opts.get("incorrect_after_load", []):
+        lines += [f"**Incorrect after the load**: {bad}", ""]
+    for title, tag, group in groups:
+        if group:
+            lines += [f"## {title}", ""]
+            lines += _report_group(group, compare_dirs, tag)
+    path.write_text("\n".join(lines))
+
+
+def _report_group(rows, compare_dirs, tag):
+    by, order = {}, []
+    for r in rows:
+        key = (r["workload"], r["variant"])
+        if key not in by:
+            order.append(key)
+        by.setdefault(key, []).append(r)
+    lines = []
     for workload in WORKLOADS:
-        vs = [v for v in opts["variants"] if (workload, v) in by]
+        vs = [v for (w, v) in order if w == workload]
         if not vs:
             continue
         common = None
@@ -207,7 +225,7 @@ def report(rows, opts, path, compare_dirs):
             met = {r["offered"] for r in by[(workload, v)] if r.get("slo_met") and not r["errors"]}
             common = met if common is None else common & met
         common_rate = max(common) if common else None
-        lines += [f"## {workload}", "", "| variant | max rate under SLO (req/s) | p50 / p99 at the common rate "
+        lines += [f"### {workload}", "", "| variant | max rate under SLO (req/s) | p50 / p99 at the common rate "
                   f"({common_rate} req/s) | CPU s / 1k req there (with stores) | internal calls | errors (all rates) |",
                   "|---|---|---|---|---|---|"]
         for v in vs:
@@ -218,8 +236,9 @@ def report(rows, opts, path, compare_dirs):
             cpu = (f"{at['cpu_s_per_1k']:.2f} ({at['cpu_s_per_1k_with_stores']:.2f})"
                    if at and "cpu_s_per_1k" in at else "-")
             share = rs[0]["internal_share"]
-            lines.append(f"| {variants.DESCRIPTIONS[v]} | {best['offered'] if best else 'none'} | {lat} | {cpu} | "
-                         f"{share * 100:.0f}% | {sum(r['errors'] or 0 for r in rs)} |" if share is not None else "|")
+            share = f"{share * 100:.0f}%" if share is not None else "-"
+            lines.append(f"| {variants.DESCRIPTIONS.get(v, v)} | {best['offered'] if best else 'none'} | {lat} | "
+                         f"{cpu} | {share} | {sum(r['errors'] for r in rs)} |")
         lines += ["", "Every rate:", "", "| variant | offered | achieved | p50 ms | p99 ms | errors | SLO | CPU s/1k |",
                   "|---|---|---|---|---|---|---|---|"]
         for v in vs:
@@ -229,7 +248,7 @@ def report(rows, opts, path, compare_dirs):
                 p99 = f"{r['p99_ms']:.2f}" if r["p99_ms"] is not None else "-"
                 lines.append(f"| {v} | {r['offered']:g} | {r['achieved']:.1f} | {p50} | {p99} | {r['errors']} | "
                              f"{'met' if r.get('slo_met') else 'missed'} | {cpu} |")
-        if workload in compare_dirs:
-            lines += ["", f"Plots: `{compare_dirs[workload]}`"]
+        if workload + tag in compare_dirs:
+            lines += ["", f"Plots: `{compare_dirs[workload + tag]}`"]
         lines.append("")
-    path.write_text("\n".join(lines))
+    return lines

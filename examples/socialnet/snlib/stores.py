@@ -6,13 +6,16 @@ DeathStarBench keeps MongoDB collections). Data lives under one directory;
 """
 
 import contextlib
+import ctypes
 import json
 import os
 import pwd
+import queue
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -59,58 +62,102 @@ def _need(cmd):
     return path
 
 
-def wait_port(port, what, timeout=20.0, proc=None, log=None):
+CLONE_NEWNET = 0x40000000
+
+
+def in_netns(netns, fn, *args):
+    """fn(*args) on a thread that entered the network namespace bound at
+    `netns` (None: here), so only its sockets live there; its result or
+    exception comes back."""
+    if netns is None:
+        return fn(*args)
+    out = queue.Queue(1)
+
+    def run():
+        try:
+            fd = os.open(netns, os.O_RDONLY)
+            try:
+                if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {netns}")
+            finally:
+                os.close(fd)
+            out.put((True, fn(*args)))
+        except BaseException as e:  # handed to the caller
+            out.put((False, e))
+
+    threading.Thread(target=run, daemon=True).start()
+    ok, v = out.get()
+    if not ok:
+        raise v
+    return v
+
+
+def wait_port(port, what, timeout=20.0, proc=None, log=None, host="127.0.0.1", netns=None):
     deadline = time.monotonic() + timeout
+
+    def probe():
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return True
+        return False
+
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             tail = Path(log).read_text(errors="replace")[-2000:] if log else ""
             raise StoreError(f"{what} exited with status {proc.returncode}:\n{tail}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        if in_netns(netns, probe):
             return
         time.sleep(0.05)
-    raise StoreError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
+    raise StoreError(f"{what} did not listen on {host}:{port} within {timeout:.0f} s")
 
 
-def port_free(port):
+def port_free(port, host="127.0.0.1"):
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
             return True
         except OSError:
             return False
 
 
 class Stores:
-    """The three servers, started and stopped together."""
+    """The three servers, started and stopped together: on this machine's
+    loopback, or on a test host's address (`host` in network namespace
+    `netns`, a testbed's: examples/socialnet/snlib/cluster.py)."""
 
-    def __init__(self, root, redis_port=REDIS_PORT, memcached_port=MEMCACHED_PORT, pg_port=PG_PORT):
+    def __init__(self, root, redis_port=REDIS_PORT, memcached_port=MEMCACHED_PORT, pg_port=PG_PORT,
+                 host="127.0.0.1", netns=None):
         self.root = Path(root).resolve()
         self.redis_port, self.memcached_port, self.pg_port = redis_port, memcached_port, pg_port
+        self.host, self.netns = host, netns
         self.pg_data = self.root / "postgres"
         self.state = self.root / "stores.json"
+
+    def _ns(self, argv):
+        """argv run in the stores' network namespace."""
+        return ["nsenter", f"--net={self.netns}", "--", *argv] if self.netns else list(argv)
 
     # ---- lifecycle
 
     def up(self, progress=print):
         self.root.mkdir(parents=True, exist_ok=True)
         for port, what in ((self.redis_port, "Redis"), (self.memcached_port, "memcached"), (self.pg_port, "PostgreSQL")):
-            if not port_free(port):
+            if not in_netns(self.netns, port_free, port, self.host):
                 raise StoreError(f"port {port} for {what} is taken (stores already up? `snctl.py stores down`)")
         pids = {}
         try:
-            progress(f"  redis-server on 127.0.0.1:{self.redis_port}")
+            progress(f"  redis-server on {self.host}:{self.redis_port}")
             pids["redis"] = self._start(
-                "redis", [_need("redis-server"), "--port", str(self.redis_port), "--bind", "127.0.0.1",
+                "redis", [_need("redis-server"), "--port", str(self.redis_port), "--bind", self.host,
                           "--protected-mode", "no", "--save", "", "--appendonly", "no",
                           "--dir", str(self.root), "--maxclients", "10000", "--daemonize", "no"],
                 self.redis_port)
-            progress(f"  memcached on 127.0.0.1:{self.memcached_port}")
+            progress(f"  memcached on {self.host}:{self.memcached_port}")
             user = ["-u", "nobody"] if os.geteuid() == 0 else []
             pids["memcached"] = self._start(
-                "memcached", [_need("memcached"), "-p", str(self.memcached_port), "-l", "127.0.0.1", "-U", "0",
+                "memcached", [_need("memcached"), "-p", str(self.memcached_port), "-l", self.host, "-U", "0",
                               "-m", "512", "-c", "8192", "-t", "2", *user],
                 self.memcached_port)
-            progress(f"  PostgreSQL on 127.0.0.1:{self.pg_port} (data in {self.pg_data})")
+            progress(f"  PostgreSQL on {self.host}:{self.pg_port} (data in {self.pg_data})")
             self._postgres_up()
         except BaseException:
             self._kill(pids)
@@ -122,9 +169,10 @@ class Stores:
     def _start(self, name, argv, port):
         log = self.root / f"{name}.log"
         with open(log, "wb") as out:
-            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # nsenter execs the server after setns: the pid is the server's.
+            p = subprocess.Popen(self._ns(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  start_new_session=True)
-        wait_port(port, name, proc=p, log=log)
+        wait_port(port, name, proc=p, log=log, host=self.host, netns=self.netns)
         return p.pid
 
     def _pg_run(self, argv, **kw):
@@ -132,7 +180,7 @@ class Stores:
         (the server refuses to run as root)."""
         if os.geteuid() == 0:
             argv = ["runuser", "-u", "postgres", "--", *argv]
-        return subprocess.run(argv, capture_output=True, text=True, **kw)
+        return subprocess.run(self._ns(argv), capture_output=True, text=True, **kw)
 
     def _postgres_up(self):
         if os.geteuid() == 0:
@@ -159,7 +207,7 @@ class Stores:
             # defaults: commits are acknowledged before they reach the disk
             # (written within ~200 ms), as MongoDB's journal does.
             with open(self.pg_data / "postgresql.conf", "a") as f:
-                f.write(f"\nlisten_addresses = '127.0.0.1'\nport = {self.pg_port}\nmax_connections = 500\n"
+                f.write(f"\nlisten_addresses = '{self.host}'\nport = {self.pg_port}\nmax_connections = 500\n"
                         f"unix_socket_directories = '{self.pg_data}'\nsynchronous_commit = off\n"
                         "shared_buffers = 256MB\nfsync = on\nlogging_collector = off\n")
             fresh = True
@@ -170,14 +218,14 @@ class Stores:
         if r.returncode != 0:
             log = (self.pg_data / "server.log").read_text(errors="replace")[-2000:]
             raise StoreError(f"PostgreSQL did not start:\n{r.stdout}{r.stderr}\n{log}")
-        wait_port(self.pg_port, "PostgreSQL")
+        wait_port(self.pg_port, "PostgreSQL", host=self.host, netns=self.netns)
         if fresh:
             self.psql(f"CREATE DATABASE {PG_DB}", db="postgres")
             self.psql(SCHEMA)
 
     def psql(self, sql, db=PG_DB):
-        r = subprocess.run([_pg_bin("psql"), "-h", "127.0.0.1", "-p", str(self.pg_port), "-U", PG_USER, "-d", db,
-                            "-v", "ON_ERROR_STOP=1", "-qAt", "-c", sql], capture_output=True, text=True)
+        r = subprocess.run(self._ns([_pg_bin("psql"), "-h", self.host, "-p", str(self.pg_port), "-U", PG_USER, "-d", db,
+                                     "-v", "ON_ERROR_STOP=1", "-qAt", "-c", sql]), capture_output=True, text=True)
         if r.returncode != 0:
             raise StoreError(f"psql: {r.stderr.strip()}")
         return r.stdout
@@ -209,19 +257,25 @@ class Stores:
     def flush(self):
         """Empties every store (the schema stays)."""
         self.redis("FLUSHALL")
-        with socket.create_connection(("127.0.0.1", self.memcached_port), timeout=5) as s:
+        in_netns(self.netns, self._flush_memcached)
+        self.psql("TRUNCATE users, posts, urls, user_timeline, social_graph")
+
+    def _flush_memcached(self):
+        with socket.create_connection((self.host, self.memcached_port), timeout=5) as s:
             s.sendall(b"flush_all\r\n")
             if not s.recv(64).startswith(b"OK"):
                 raise StoreError("memcached did not flush")
-        self.psql("TRUNCATE users, posts, urls, user_timeline, social_graph")
 
     def redis(self, *args):
         """One Redis command; its reply (bulk and integer replies decoded)."""
+        return in_netns(self.netns, self._redis, args)
+
+    def _redis(self, args):
         out = f"*{len(args)}\r\n".encode()
         for a in args:
             b = str(a).encode()
             out += b"$%d\r\n%s\r\n" % (len(b), b)
-        with socket.create_connection(("127.0.0.1", self.redis_port), timeout=5) as s:
+        with socket.create_connection((self.host, self.redis_port), timeout=5) as s:
             s.sendall(out)
             f = s.makefile("rb")
             return _resp(f)

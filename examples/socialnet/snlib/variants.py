@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import data
 from . import stores as st
 
 HERE = Path(__file__).resolve().parent.parent  # examples/socialnet
@@ -39,6 +40,8 @@ DESCRIPTIONS = {
     # Not one of the issue's variants: it isolates what the defaults' spinning
     # and pausing cost on 2 vCPUs (BENCHMARKS.md, "SocialNetwork").
     "staccato-nospin": "Staccato, no spinning, no pausing (--worker-spin-us 0 --engine-spin-us 0 --no-pause)",
+    "staccato-3hosts": "Staccato, a gateway and 3 engine hosts",
+    "rpc-3hosts": "RPC servers spread over 3 hosts",
 }
 
 # Each variant's flags to `staccato up` beyond the defaults.
@@ -106,6 +109,9 @@ def manifest_for(s):
                                ("SN_MEMCACHED_PORT", st.MEMCACHED_PORT, s.memcached_port),
                                ("SN_PG_PORT", st.PG_PORT, s.pg_port)):
         text = text.replace(f'{var}: "{default}"', f'{var}: "{port}"')
+    if s.host != "127.0.0.1":
+        # Stores on another server (a testbed host): reached by address.
+        text = text.replace('SN_PG_PORT: "', f'SN_STORE_HOST: "{s.host}", SN_PG_PORT: "')
     return text
 
 
@@ -159,6 +165,9 @@ class StaccatoVariant:
 
     def stop(self):
         stop(self.proc)
+
+    def api(self):
+        return data.Api(self.url)
 
     def functions(self):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
@@ -266,6 +275,9 @@ class RpcVariant:
     def stop(self):
         for p in self.procs.values():
             stop(p)
+
+    def api(self):
+        return data.Api(self.url)
 
     def pids(self):
         return [p.pid for p in self.procs.values()]
