@@ -79,7 +79,7 @@ def cmd_bench(a):
     out = a.out or Path("bench-results") / f"socialnet-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    opts = {"duration_s": a.duration, "warmup_s": a.warmup, "pause_s": 2, "slo_ms": a.slo_ms,
+    opts = {"duration_s": a.duration, "warmup_s": a.warmup, "pause_s": 2, "slo_ms": a.slo_ms, "rounds": a.rounds,
             "variants": a.variants, "when": f"{datetime.datetime.now():%Y-%m-%d %H:%M}",
             "command": " ".join(shlex.quote(x) for x in sys.argv)}
     rates = {"mixed": a.mixed_rates, "compose": a.compose_rates}
@@ -140,29 +140,35 @@ def measure(a, started, s, out, opts, rates, rows, compare, tag):
         say(f"  {v.name}: correct (a post reaches its author's, a follower's and a mentioned user's timelines)")
     bodies = bench.write_bodies(out / "bodies", a.users)
     with bench.Sampler(s) as sampler:
-        for k, workload in enumerate(a.workloads):
-            say(f"==> workload {workload}")
-            # Each workload starts with the next variant: the data grow as
-            # posts are composed, and no variant always goes last.
-            order = started[k % len(started):] + started[:k % len(started)]
-            dirs = []
-            for v in order:
-                rs = bench.run_sweep(v, workload, rates[workload], bodies, out, sampler, opts, say)
-                rows += rs
-                # Kept as they come: a later failure loses no measurement.
-                (out / "results.json").write_text(json.dumps({"options": opts, "rates": rates, "rows": rows},
-                                                             indent=1))
-                dirs.append(rs[0]["run_dir"])
-                best = bench.best_under_slo(rs)
-                say(f"    {v.name}: highest rate under the SLO {best['offered'] if best else 'none'}; "
-                    f"errors {sum(r['errors'] for r in rs)}")
-            cdir = out / f"compare-{workload}{tag}"
-            r = subprocess.run([str(variants.STACCATO), "bench", "compare", *dirs, "--out", str(cdir)],
-                               capture_output=True, text=True)
-            if r.returncode == 0:
-                compare[workload + tag] = str(cdir)
-            else:
-                say(f"  warning: bench compare failed: {r.stderr.strip()[-500:]}")
+        for rnd in range(a.rounds):
+            for k, workload in enumerate(a.workloads):
+                say(f"==> workload {workload}" + (f", round {rnd + 1} of {a.rounds}" if a.rounds > 1 else ""))
+                # Each workload and round starts with the next variant: the
+                # data grow as posts are composed, and no variant always goes
+                # last.
+                first = (k + rnd) % len(started)
+                order = started[first:] + started[:first]
+                dirs = []
+                suffix = f"-r{rnd + 1}" if a.rounds > 1 else ""
+                for v in order:
+                    rs = bench.run_sweep(v, workload, rates[workload], bodies, out, sampler, opts, say, suffix)
+                    for r in rs:
+                        r["round"] = rnd + 1
+                    rows += rs
+                    # Kept as they come: a later failure loses no measurement.
+                    (out / "results.json").write_text(json.dumps({"options": opts, "rates": rates, "rows": rows},
+                                                                 indent=1))
+                    dirs.append(rs[0]["run_dir"])
+                    best = bench.best_under_slo(rs)
+                    say(f"    {v.name}: highest rate under the SLO {best['offered'] if best else 'none'}; "
+                        f"errors {sum(r['errors'] for r in rs)}")
+                cdir = out / f"compare-{workload}{tag}{suffix}"
+                r = subprocess.run([str(variants.STACCATO), "bench", "compare", *dirs, "--out", str(cdir)],
+                                   capture_output=True, text=True)
+                if r.returncode == 0:
+                    compare.setdefault(workload + tag, []).append(str(cdir))
+                else:
+                    say(f"  warning: bench compare failed: {r.stderr.strip()[-500:]}")
     failed = []
     for v in started:
         try:
@@ -202,7 +208,7 @@ def main(argv=None):
 
     p = sub.add_parser("bench", help="the whole benchmark in one run")
     p.add_argument("--out", type=Path, help="results directory (default bench-results/socialnet-<time>)")
-    p.add_argument("--variants", nargs="*", default=variants.VARIANTS, choices=variants.VARIANTS,
+    p.add_argument("--variants", nargs="*", default=variants.DEFAULT_VARIANTS, choices=variants.VARIANTS,
                    help="single-server variants (none: only the test hosts' run)")
     p.add_argument("--hosts", type=int, choices=[0, 3], default=3,
                    help="also run Staccato and the RPC servers over 3 test hosts (0: not)")
@@ -211,6 +217,8 @@ def main(argv=None):
                    default=[100, 200, 400, 600, 800, 1000, 1200, 1400])
     p.add_argument("--compose-rates", type=float, nargs="+", default=[50, 100, 150, 200, 250, 300, 350, 400])
     p.add_argument("--duration", type=float, default=20, help="seconds per offered rate")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="sweep every variant this many times, interleaved; the report gives medians")
     p.add_argument("--warmup", type=float, default=5, help="seconds of each rate left out")
     p.add_argument("--slo-ms", type=float, default=20)
     p.add_argument("--users", type=int, default=data.USERS)

@@ -500,21 +500,22 @@ impl IoThread {
             );
         };
         let name = String::from_utf8_lossy(&inline[..name_len]).into_owned();
+        // A call that leaves this engine, answered to this worker later.
+        let leaving = |name: String| OutCall {
+            caller: caller.clone(),
+            tx: tx.clone(),
+            worker_id,
+            parent_call_id: parent,
+            callee: name.into(),
+            give_up_us: 0,
+            sent_ns: sys::clock::monotonic_ns(),
+            conn: (0, Token(0)),
+        };
         if self.shared.via_gateway.is_some() {
             if !wire::valid_function_name(&name) {
                 return reject(ErrorKind::NotFound, format!("no function named {name:?}"));
             }
-            let out = OutCall {
-                caller: caller.clone(),
-                tx: tx.clone(),
-                worker_id,
-                parent_call_id: parent,
-                callee: name.into(),
-                give_up_us: 0,
-                sent_ns: sys::clock::monotonic_ns(),
-                conn: (0, Token(0)),
-            };
-            if let Err((kind, msg)) = self.via_gateway(h, m, out) {
+            if let Err((kind, msg)) = self.via_gateway(h, m, leaving(name)) {
                 reject(kind, msg);
             }
             return;
@@ -522,17 +523,7 @@ impl IoThread {
         let Some(callee) = self.shared.function(&name) else {
             // Not on this server: through a gateway to one it runs on.
             if self.shared.remote.connected() && wire::valid_function_name(&name) {
-                let out = OutCall {
-                    caller: caller.clone(),
-                    tx: tx.clone(),
-                    worker_id,
-                    parent_call_id: parent,
-                    callee: name.into(),
-                    give_up_us: 0,
-                    sent_ns: sys::clock::monotonic_ns(),
-                    conn: (0, Token(0)),
-                };
-                if let Err((kind, msg)) = self.forward(h, m, out) {
+                if let Err((kind, msg)) = self.forward(h, m, leaving(name)) {
                     reject(kind, msg);
                 }
                 return;

@@ -159,7 +159,7 @@ class StaccatoCluster:
 
     def functions(self):
         api = ClientApi(self.url, self.bed.netns("client"))
-        return stores.in_netns(api.ns, _get_json, self.url, "/system/functions", self.token)
+        return stores.in_netns(api.ns, variants.get_json, self.url, "/system/functions", self.token)
 
     def calls_total(self):
         st = {}
@@ -222,26 +222,8 @@ class RpcCluster(variants.RpcVariant):
         out = {}
         for server, port in self.ports.items():
             url = f"http://{self.bed.host_addr(self.hosts[server])}:{port}"
-            out[server] = stores.in_netns(self.bed.netns("client"), _get_json, url, "/stats", None)["served"]
+            out[server] = stores.in_netns(self.bed.netns("client"), variants.get_json, url, "/stats", None)["served"]
         return out
 
     def api(self):
         return ClientApi(self.url, self.bed.netns("client"))
-
-
-def _get_json(base, path, token):
-    import http.client
-    from urllib.parse import urlsplit
-    u = urlsplit(base)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-    try:
-        c.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
-        r = c.getresponse()
-        body = r.read()
-    finally:
-        c.close()
-    if r.status != 200:
-        raise RuntimeError(f"GET {base}{path}: HTTP {r.status}: {body[:300]!r}")
-    return json.loads(body)
-
-

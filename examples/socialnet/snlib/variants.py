@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from . import data
 from . import stores as st
@@ -31,7 +32,9 @@ APIS = ["sn-post-compose", "sn-home-timeline-read", "sn-user-timeline-read", "sn
         "sn-user-register", "sn-user-login"]
 ALL_FUNCTIONS = GO_SERVICES + list(PY_SERVICES) + APIS
 
-VARIANTS = ["staccato", "staccato-via-gateway", "staccato-fixed", "rpc", "staccato-nospin"]
+VARIANTS = ["staccato", "staccato-via-gateway", "staccato-fixed", "rpc", "staccato-nospin", "staccato-nopause"]
+# What `snctl.py bench` runs unless told otherwise.
+DEFAULT_VARIANTS = VARIANTS[:5]
 DESCRIPTIONS = {
     "staccato": "Staccato, default settings",
     "staccato-via-gateway": "Staccato, every internal call over HTTP through the gateway",
@@ -40,6 +43,7 @@ DESCRIPTIONS = {
     # Not one of the issue's variants: it isolates what the defaults' spinning
     # and pausing cost on 2 vCPUs (BENCHMARKS.md, "SocialNetwork").
     "staccato-nospin": "Staccato, no spinning, no pausing (--worker-spin-us 0 --engine-spin-us 0 --no-pause)",
+    "staccato-nopause": "Staccato, no pausing (--no-pause)",
     "staccato-3hosts": "Staccato, a gateway and 3 engine hosts",
     "rpc-3hosts": "RPC servers spread over 3 hosts",
 }
@@ -50,6 +54,7 @@ STACCATO_FLAGS = {
     "staccato-via-gateway": ["--internal-calls-via", "{url}"],
     "staccato-fixed": ["--concurrency", "fixed"],
     "staccato-nospin": ["--worker-spin-us", "0", "--engine-spin-us", "0", "--no-pause"],
+    "staccato-nopause": ["--no-pause"],
 }
 
 
@@ -61,6 +66,22 @@ def http_get(port, path, timeout=2.0):
         return r.status, r.read()
     finally:
         c.close()
+
+
+def get_json(base, path, token=None):
+    """GET base+path (with a bearer token), its JSON answer; anything but
+    200 is an error."""
+    u = urlsplit(base)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        c.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        r = c.getresponse()
+        body = r.read()
+    finally:
+        c.close()
+    if r.status != 200:
+        raise RuntimeError(f"GET {base}{path}: HTTP {r.status}: {body[:300]!r}")
+    return json.loads(body)
 
 
 def wait_http(port, path, proc, log, what, timeout=60.0, ok=(200,)):
@@ -170,16 +191,7 @@ class StaccatoVariant:
         return data.Api(self.url)
 
     def functions(self):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        try:
-            c.request("GET", "/system/functions", headers={"Authorization": f"Bearer {self.token}"})
-            r = c.getresponse()
-            body = r.read()
-        finally:
-            c.close()
-        if r.status != 200:
-            raise RuntimeError(f"{self.name}: /system/functions answered {r.status}: {body[:300]!r}")
-        return json.loads(body)
+        return get_json(self.url, "/system/functions", self.token)
 
     def wait_ready(self, timeout=120.0):
         """Until every function of the application runs (a restart restores

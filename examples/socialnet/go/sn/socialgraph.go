@@ -121,49 +121,58 @@ func graphSet(ctx context.Context, followers bool, user int64) ([]int64, error) 
 		key = "fr:" + strconv.FormatInt(user, 10)
 		query = `SELECT follower_id, ts FROM social_graph WHERE followee_id = $1`
 	}
-	var full *redis.IntCmd
-	var members *redis.StringSliceCmd
-	_, err := rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
-		full = p.Exists(ctx, key+":full")
-		members = p.ZRange(ctx, key, 0, -1)
-		return nil
+	return readCachedSet(ctx, key, query, user, func(p redis.Pipeliner) *redis.StringSliceCmd {
+		return p.ZRange(ctx, key, 0, -1)
 	})
-	if err != nil {
+}
+
+// readCachedSet reads a sorted set of ids that Redis caches for
+// PostgreSQL: `read`'s answer if the set is complete ("<key>:full"
+// exists), else after loading `query`'s (id, score) rows for `id` into it
+// and marking it complete (see the top of this file for why a union makes
+// this safe against concurrent writers).
+func readCachedSet(ctx context.Context, key, query string, id int64,
+	read func(p redis.Pipeliner) *redis.StringSliceCmd) ([]int64, error) {
+	var full *redis.IntCmd
+	var page *redis.StringSliceCmd
+	if _, err := rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
+		full = p.Exists(ctx, key+":full")
+		page = read(p)
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
 	if full.Val() == 1 {
-		return parseIDs(members.Val())
+		return parseIDs(page.Val())
 	}
 	db, err := pg(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, query, user)
+	rows, err := db.Query(ctx, query, id)
 	if err != nil {
-		return nil, fmt.Errorf("social graph: %w", err)
+		return nil, fmt.Errorf("reading %s: %w", key, err)
 	}
-	type edge struct{ ID, Ts int64 }
-	edges, err := pgx.CollectRows(rows, pgx.RowToStructByPos[edge])
+	type member struct{ ID, Score int64 }
+	members, err := pgx.CollectRows(rows, pgx.RowToStructByPos[member])
 	if err != nil {
-		return nil, fmt.Errorf("social graph: %w", err)
+		return nil, fmt.Errorf("reading %s: %w", key, err)
 	}
-	zs := make([]redis.Z, 0, len(edges))
-	for _, e := range edges {
-		zs = append(zs, redis.Z{Score: float64(e.Ts), Member: e.ID})
+	zs := make([]redis.Z, 0, len(members))
+	for _, m := range members {
+		zs = append(zs, redis.Z{Score: float64(m.Score), Member: m.ID})
 	}
-	var all *redis.StringSliceCmd
-	_, err = rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
+	if _, err := rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		if len(zs) > 0 {
 			p.ZAdd(ctx, key, zs...)
 		}
 		p.Set(ctx, key+":full", 1, 0)
-		all = p.ZRange(ctx, key, 0, -1)
+		page = read(p)
 		return nil
-	})
-	if err != nil {
+	}); err != nil {
 		return nil, fmt.Errorf("redis: %w", err)
 	}
-	return parseIDs(all.Val())
+	return parseIDs(page.Val())
 }
 
 func parseIDs(ss []string) ([]int64, error) {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -73,46 +72,8 @@ func UserTimeline(ctx Ctx, in []byte) ([]byte, error) {
 func userTimelineIDs(ctx Ctx, r Range) ([]int64, error) {
 	gctx := ctx.GoContext()
 	key := "ut:" + strconv.FormatInt(r.UserID, 10)
-	var full *redis.IntCmd
-	var page *redis.StringSliceCmd
-	if _, err := rdb().Pipelined(gctx, func(p redis.Pipeliner) error {
-		full = p.Exists(gctx, key+":full")
-		page = p.ZRevRange(gctx, key, r.Start, r.Stop-1)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("redis: %w", err)
-	}
-	if full.Val() == 1 {
-		return parseIDs(page.Val())
-	}
-	db, err := pg(gctx)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := db.Query(gctx, `SELECT post_id, ts FROM user_timeline WHERE user_id = $1`, r.UserID)
-	if err != nil {
-		return nil, fmt.Errorf("user timeline: %w", err)
-	}
-	type entry struct{ PostID, Ts int64 }
-	entries, err := pgx.CollectRows(rows, pgx.RowToStructByPos[entry])
-	if err != nil {
-		return nil, fmt.Errorf("user timeline: %w", err)
-	}
-	zs := make([]redis.Z, 0, len(entries))
-	for _, e := range entries {
-		zs = append(zs, redis.Z{Score: float64(e.Ts), Member: e.PostID})
-	}
-	if _, err := rdb().Pipelined(gctx, func(p redis.Pipeliner) error {
-		if len(zs) > 0 {
-			p.ZAdd(gctx, key, zs...)
-		}
-		p.Set(gctx, key+":full", 1, 0)
-		page = p.ZRevRange(gctx, key, r.Start, r.Stop-1)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("redis: %w", err)
-	}
-	return parseIDs(page.Val())
+	return readCachedSet(gctx, key, `SELECT post_id, ts FROM user_timeline WHERE user_id = $1`, r.UserID,
+		func(p redis.Pipeliner) *redis.StringSliceCmd { return p.ZRevRange(gctx, key, r.Start, r.Stop-1) })
 }
 
 // postsOf answers a timeline read: the posts, from sn-post-storage.
