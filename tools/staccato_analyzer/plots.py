@@ -128,7 +128,12 @@ def spectrum_overlay(runs, path):
 def _load_axes(axl, axr, title, slo):
     axl.set_xlabel("offered rate (requests/s)")
     axl.set_ylabel("latency (ms, corrected)")
-    axl.set_title(title)
+    axl.set_title(title, fontsize=10)
+    # Past saturation latencies grow by orders of magnitude: on a linear
+    # axis that hides every difference below it.
+    lo, hi = _finite_range(axl)
+    if lo and hi / lo > 100:
+        axl.set_yscale("log")
     axl.grid(alpha=0.3)
     if slo:
         axl.axhline(float(slo["max_ms"]), color="red", ls="--", lw=1,
@@ -177,8 +182,17 @@ def load_overlay(runs_rows, path, slo=None):
             xmax = max(xmax, float(x.max()))
     if xmax:
         axr.plot([0, xmax], [0, xmax], ":", color="grey", label="achieved = offered")
-    _load_axes(axl, axr, "latency vs offered load: " + " vs ".join(l for l, _ in runs_rows), slo)
+    names = [l for l, _ in runs_rows]
+    title = "latency vs offered load: " + (" vs ".join(names) if len(names) <= 2 else f"{len(names)} runs")
+    _load_axes(axl, axr, title, slo)
     _save(fig, path)
+
+
+def _finite_range(ax):
+    """The smallest positive and the largest y value plotted on `ax`."""
+    ys = [y for line in ax.get_lines() for y in np.asarray(line.get_ydata(), float)
+          if np.isfinite(y) and y > 0]
+    return (min(ys), max(ys)) if ys else (None, None)
 
 
 def finite(x):
