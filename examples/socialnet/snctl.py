@@ -6,6 +6,7 @@ benchmark of examples/socialnet (README.md there).
   snctl.py up VARIANT [--dir D] [--port P]     one variant, deployed, in the foreground
   snctl.py load --url URL [--users N ...]      the social graph and some posts, through the API
   snctl.py check --url URL                     a post reaches every timeline it must
+  snctl.py latency --url URL                   each API's latency, one call at a time
   snctl.py bench [--out D] [--quick]           everything below, in one run
 
 `bench` starts the stores, starts every variant (Staccato default, Staccato
@@ -73,6 +74,30 @@ def cmd_load(a):
 def cmd_check(a):
     check.check(data.Api(a.url), data.social_graph(a.users, a.edges, a.seed), users=a.users)
     say("ok: the post is on its author's timeline, its follower's and its mentioned user's home timelines")
+
+
+def cmd_latency(a):
+    """Closed loop, one call at a time: each API's latency without queueing
+    (what a request costs when nothing else runs)."""
+    import random
+    api = data.Api(a.url)
+    rng = random.Random(a.seed)
+    makers = [("sn-user-follow", lambda: {"user_id": rng.randint(1, a.users), "followee_id": rng.randint(1, a.users)}),
+              ("sn-home-timeline-read", lambda: data.read_request(rng, a.users)),
+              ("sn-user-timeline-read", lambda: data.read_request(rng, a.users)),
+              ("sn-post-compose", lambda: data.compose_request(rng, a.users))]
+    for name, make in makers:
+        lat = []
+        for _ in range(a.calls):
+            body = make()
+            if name == "sn-user-follow" and body["user_id"] == body["followee_id"]:
+                body["followee_id"] = body["user_id"] % a.users + 1
+            t = time.perf_counter()
+            api.call(name, body)
+            lat.append((time.perf_counter() - t) * 1000)
+        lat.sort()
+        q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]  # noqa: E731
+        say(f"{name:24s} p50 {q(0.5):6.2f} ms  p90 {q(0.9):6.2f} ms  p99 {q(0.99):6.2f} ms  ({a.calls} calls)")
 
 
 def cmd_bench(a):
@@ -205,6 +230,13 @@ def main(argv=None):
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--posts-per-user", type=int, default=3)
         p.set_defaults(fn=fn)
+
+    p = sub.add_parser("latency", help="each API's latency, one call at a time")
+    p.add_argument("--url", required=True)
+    p.add_argument("--calls", type=int, default=500)
+    p.add_argument("--users", type=int, default=data.USERS)
+    p.add_argument("--seed", type=int, default=5)
+    p.set_defaults(fn=cmd_latency)
 
     p = sub.add_parser("bench", help="the whole benchmark in one run")
     p.add_argument("--out", type=Path, help="results directory (default bench-results/socialnet-<time>)")

@@ -149,6 +149,7 @@ class StaccatoVariant:
         self.extra = list(extra)
         self.isolation = isolation
         self.proc = None
+        self.env = {}  # more environment for `staccato up` (e.g. STACCATO_RUNTIMES)
 
     @property
     def url(self):
@@ -166,6 +167,7 @@ class StaccatoVariant:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log = self.workdir / "staccato.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
+        env.update(self.env)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)

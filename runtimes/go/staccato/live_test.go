@@ -657,30 +657,6 @@ func TestGOMAXPROCSFollowsWorkers(t *testing.T) {
 	}
 }
 
-// Spinning readers sleep in ppoll(2) holding a P each: block mode with
-// spinning keeps one spare P per worker for the handlers' network I/O.
-func TestGOMAXPROCSSparePsInBlockMode(t *testing.T) {
-	l := startLauncher(t, "GOMAXPROCS=", "STACCATO_GO_IO=block", "STACCATO_SPIN_US=30")
-	l.Hello()
-	w := l.CreateWorker()
-	if m := l.Call(w, gw(), []byte("procs")); string(m.Inline) != "2" {
-		t.Fatalf("1 worker: GOMAXPROCS %s, want 2", m.Inline)
-	}
-	for i := 0; i < 8; i++ {
-		l.CreateWorker()
-	}
-	// A worker counts once its channel is open, which CreateWorker does
-	// not wait for.
-	want := strconv.Itoa(min(2, runtime.NumCPU()) + 9)
-	var got string
-	for deadline := time.Now().Add(fakeengine.Timeout); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if got = string(l.Call(w, gw(), []byte("procs")).Inline); got == want {
-			return
-		}
-	}
-	t.Fatalf("9 workers: GOMAXPROCS %s, want %s", got, want)
-}
-
 // The same behaviour with the other I/O mode and with spinning.
 func TestIOModes(t *testing.T) {
 	for _, env := range [][]string{

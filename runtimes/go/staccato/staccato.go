@@ -285,23 +285,11 @@ func (rt *runtimeState) workerClosed(w *worker, reason string) {
 
 // adjustProcs sets GOMAXPROCS = max(1, ceil(workers/8)), at most the number
 // of CPUs, unless the environment fixed it. Called with rt.mu held.
-//
-// In block mode with spinning, one P more per worker: an idle worker's
-// reader sleeps in ppoll(2) holding its P until sysmon takes it back (20 us
-// to 10 ms later), and until then the handlers' own network I/O (a store's
-// answer in the netpoller) and timers wait for a P. Measured on the
-// SocialNetwork example (examples/socialnet, BENCHMARKS.md): with one P a
-// follow took 0.87 ms at the median and a home-timeline read 2.23 ms, with
-// spare Ps 0.49 and 1.48 ms. A P is only a permit: the spare ones cost
-// nothing while their readers sleep in the kernel.
 func (rt *runtimeState) adjustProcs() {
 	if rt.procsFixed {
 		return
 	}
 	n := max(1, min((len(rt.workers)+7)/8, runtime.NumCPU()))
-	if rt.io == ioBlock && rt.spinUs > 0 {
-		n += len(rt.workers)
-	}
 	if n != rt.procs {
 		runtime.GOMAXPROCS(n)
 		rt.procs = n
