@@ -2,7 +2,7 @@
 # Toolchains installed outside the default PATH on Debian images.
 export PATH := $(PATH):/usr/local/go/bin:$(HOME)/.cargo/bin
 
-.PHONY: setup build demo demo-cluster test test-unit test-runtimes test-integration fuzz bench bench-socialnet lint fmt clean
+.PHONY: setup build demo demo-cluster test test-unit test-runtimes test-integration test-cgroup-v2 fuzz bench bench-socialnet lint fmt clean
 
 setup:
 	@scripts/setup.sh
@@ -38,6 +38,12 @@ FUZZ_SECONDS ?= 300
 fuzz: setup
 	scripts/fuzz.sh $(FUZZ_SECONDS)
 
+## The container isolation tests on a cgroup v2 host: a Debian 12 VM under
+## qemu booted with the unified hierarchy only (root; the first run makes the
+## VM's root file system with debootstrap). Not part of `make test`: see README.
+test-cgroup-v2: setup
+	scripts/cgroup2-vm.sh
+
 test-integration: setup
 	python3 -m pytest -q tests
 
@@ -48,7 +54,7 @@ bench: setup
 ## The SocialNetwork application (examples/socialnet) on real Redis, memcached
 ## and PostgreSQL: every variant (Staccato default, internal calls through the
 ## gateway, managed concurrency off, no spinning; RPC servers) swept over
-## offered rates in one run, ~40 minutes. Results in bench-results/socialnet-*/.
+## offered rates in one run, ~50 minutes (3-host runs included). Results in bench-results/socialnet-*/.
 ## SOCIALNET_ARGS passes options (e.g. --variants staccato rpc --duration 10).
 bench-socialnet: setup
 	python3 examples/socialnet/snctl.py bench $(SOCIALNET_ARGS)

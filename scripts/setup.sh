@@ -38,6 +38,7 @@ python3 -c 'import sys; assert sys.version_info >= (3, 9)' || { echo "error: Pyt
 command -v go >/dev/null 2>&1 || { echo "error: Go >= 1.22 is required for Go functions (https://go.dev/dl)" >&2; exit 1; }
 command -v node >/dev/null 2>&1 || { echo "error: Node.js >= 18 is required for Node.js functions" >&2; exit 1; }
 python3 -m pytest --version >/dev/null 2>&1 || { echo "==> pip install pytest"; python3 -m pip install -q pytest; }
+python3 -c 'import kubernetes_validate, yaml' >/dev/null 2>&1 || { echo "==> pip install kubernetes-validate (offline checks of deploy/kubernetes)"; python3 -m pip install -q kubernetes-validate pyyaml; }
 # The workload analyzer (staccato bench analyze/compare) plots with matplotlib.
 python3 -c 'import numpy, matplotlib' >/dev/null 2>&1 || { echo "==> pip install numpy matplotlib"; python3 -m pip install -q numpy matplotlib; }
 # uvloop makes the Python runtime's event loop ~5-20 us faster per internal

@@ -16,6 +16,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import cgroups
+
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / "target" / "release" / "staccato"
@@ -297,11 +299,7 @@ def alive_pid(pid, container=None):
 
 def container_pids(container):
     """Host pids of every process in a function container."""
-    try:
-        text = Path(f"/sys/fs/cgroup/pids/staccato/{container}/cgroup.procs").read_text()
-    except OSError:
-        return []
-    return [int(x) for x in text.split()]
+    return cgroups.procs(container)
 
 
 def host_pid(container, ns_pid):

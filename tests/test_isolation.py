@@ -2,8 +2,9 @@
 kernel's cgroups: each claim the README makes about isolation has a test here
 that fails if the claim breaks.
 
-Needs root, runc and cgroup v1 (the CI machine has them; `scripts/setup.sh`
-installs runc). Skipped otherwise, with the reason.
+Needs root, runc and cgroups, v1 (the CI machine: `scripts/setup.sh`
+installs runc) or v2 (`make test-cgroup-v2` runs this file in a VM booted
+with the unified hierarchy). Skipped otherwise, with the reason.
 """
 import contextlib
 import glob
@@ -19,13 +20,14 @@ from pathlib import Path
 
 import pytest
 
+import cgroups
 from harness import FUNCS, Server, check_error, ok_body, own_server, wait_for, container_pids
 
 ISO = FUNCS / "iso"
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("runc") or not Path("/sys/fs/cgroup/freezer").is_dir(),
-    reason="container isolation needs root, runc and the cgroup v1 freezer",
+    os.geteuid() != 0 or not shutil.which("runc") or not cgroups.usable(),
+    reason="container isolation needs root, runc and cgroups (v1's memory, cpu, pids and freezer, or v2's)",
 )
 
 
@@ -94,6 +96,7 @@ def test_runs_unprivileged_in_its_own_namespaces(iso):
     assert out["personality"] == "EPERM" and out["move_pages"] == "EPERM" and out["io_uring"] == "EPERM", out
 
 
+@pytest.mark.skipif(cgroups.V2, reason="cgroup v1 only: on v2 a process's CPU group is its memory group")
 def test_cpu_group_shared_with_the_engine_unless_a_share_is_asked(iso):
     probe(iso)
     probe(iso, "other")
@@ -172,8 +175,18 @@ def test_fork_bomb_stops_at_the_pids_limit(iso):
     assert iso.invoke("probe", b"{}").status == 200
 
 
-def freezer_state(cid):
-    return Path(f"/sys/fs/cgroup/freezer/staccato/{cid}/freezer.state").read_text().strip()
+@pytest.mark.skipif(not cgroups.V2, reason="cgroup v2 only (v1: the test above)")
+def test_each_container_has_the_cpu_weight_its_function_asks_for(iso):
+    probe(iso)
+    probe(iso, "other")
+    default, own = iso.container("probe"), iso.container("other")
+    assert cgroups.cpu_weight(default) == 100
+    # `cpu_shares: 512`, as cpu.weight.
+    assert cgroups.cpu_weight(own) == cgroups.shares_to_weight(512) == 20
+    assert set(container_pids(own)) == set(cgroups.procs(own)) and container_pids(own)
+
+
+freezer_state = cgroups.freezer_state
 
 
 def test_idle_container_is_paused_and_a_call_resumes_it(iso):
@@ -222,7 +235,7 @@ def test_a_frozen_pooled_container_still_starts_its_next_function(tmp_path):
         assert srv.cli("rm", "dirty").returncode == 0
         assert wait_for(lambda: idle_container(cid), timeout=10), comms(cid)
         time.sleep(0.5)
-        Path(f"/sys/fs/cgroup/freezer/staccato/{cid}/freezer.state").write_text("FROZEN")
+        cgroups.freeze(cid)
         srv.deploy(ISO / "dirty.yml")
         assert srv.container("dirty") == cid, "the pooled container was not the one used"
         assert json.loads(ok_body(srv.invoke("dirty", b"check")))["leftover"] is False
@@ -236,7 +249,7 @@ def test_container_with_foreign_mount_is_destroyed_not_reused(tmp_path):
         # Something the checker must notice: a mount no function should have.
         subprocess.run(["nsenter", "-t", str(init), "-m", "mount", "-t", "tmpfs", "x", "/deps"], check=True)
         assert srv.cli("rm", "dirty").returncode == 0
-        gone = wait_for(lambda: not Path(f"/sys/fs/cgroup/pids/staccato/{cid}").exists(), timeout=10)
+        gone = wait_for(lambda: not cgroups.group(cid).exists(), timeout=10)
         assert gone, "a container that failed its check was kept"
         assert "failed its check" in srv.log_tail(200)
 

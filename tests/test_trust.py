@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import cgroups
 from harness import (BIN, FUNCS, check_error, clean_env, free_port, ok_body, own_server, request,
                      wait_for)
 
@@ -683,8 +684,7 @@ def _leftovers(prefix):
     """What an engine with this container prefix has on the machine."""
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     spaces = [l.split()[0] for l in netns.splitlines() if l.startswith(f"stc-{prefix}-")]
-    groups = [str(p) for c in ("memory", "pids", "freezer", "cpu")
-              for p in Path(f"/sys/fs/cgroup/{c}/staccato").glob(f"{prefix}-*")]
+    groups = cgroups.groups(prefix)
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     return spaces, groups, f"staccato_{prefix}" in tables
 

@@ -151,7 +151,7 @@ impl EngineConfig {
 /// Why [`ContainerConfig::detect`] found no containers.
 #[derive(Debug)]
 pub enum Unavailable {
-    /// This machine cannot make them (no runc, not root, no cgroup v1...):
+    /// This machine cannot make them (no runc, not root, no cgroup controllers...):
     /// a caller may fall back to processes.
     Missing(String),
     /// Something that should work did not (the interpreter, the build

@@ -34,7 +34,7 @@ pub const TIMEOUT_HEADER: &str = "x-staccato-timeout-ms";
 pub const ENGINE_HEADER: &str = "x-staccato-engine";
 
 /// `management_only`: the connection is beyond the connection limit and
-/// may only reach `/system/*` and `/healthz` (calls get 503).
+/// may only reach `/system/*`, `/healthz` and `/livez` (calls get 503).
 pub(crate) async fn handle(
     sh: Arc<GwShared>,
     th: Rc<ThreadState>,
@@ -56,7 +56,7 @@ pub(crate) async fn handle(
     }
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    if management_only && !matches!(segs.first(), Some(&"system" | &"healthz")) {
+    if management_only && !matches!(segs.first(), Some(&"system" | &"healthz" | &"livez")) {
         return error_resp(
             StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
@@ -79,6 +79,10 @@ pub(crate) async fn handle(
             let body = json!({"status": if up {"ok"} else {"degraded"}, "engine": if up {"up"} else {"down"}});
             json_resp(if up { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, &body)
         }
+        // Alive means this process answers HTTP, whatever its engines do: a
+        // liveness probe on /healthz would restart a gateway whose engines
+        // are away, which brings none of them back.
+        (&Method::GET, ["livez"]) => json_resp(StatusCode::OK, &json!({"status": "ok"})),
         (&Method::GET, ["metrics"]) => Response::builder()
             .header(CONTENT_TYPE, "text/plain; version=0.0.4")
             .body(Full::new(Bytes::from(sh.metrics.render())))

@@ -5,6 +5,7 @@
 //! and sending its init a command; the freezer pauses and resumes it.
 
 use crate::bundle::{self, LOG, SLOT};
+use crate::cgroup;
 use crate::{Error, Limits, Mount, Network, Result, Settings, Start, BUILD_UIDS, UID_RANGE_LEN};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -13,9 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// The cgroup controllers the engine writes directly.
-const CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
 
 pub struct Container {
     pub id: String,
@@ -35,9 +33,11 @@ pub struct Container {
     /// the FIFO it waits on.
     warm: Mutex<Option<u32>>,
     warm_fifo: File,
-    /// The engine's CPU group, and whether the processes are in their own
-    /// group instead.
-    shared_cpu: PathBuf,
+    /// Its control group (v1 or v2, whichever the host has).
+    group: cgroup::Group,
+    /// The engine's CPU group (cgroup v1), and whether the processes are
+    /// in their own group instead.
+    shared_cpu: Option<PathBuf>,
     cpu_own: Mutex<bool>,
 }
 
@@ -85,10 +85,6 @@ fn runc(settings: &Settings) -> Command {
     cmd.arg("--root").arg(settings.dir.join("runc"));
     cmd.stdin(Stdio::null()).stdout(Stdio::null());
     cmd
-}
-
-fn cgroup(id: &str, controller: &str) -> PathBuf {
-    Path::new("/sys/fs/cgroup").join(controller).join("staccato").join(id)
 }
 
 fn write_file(path: &Path, value: &str) -> Result<()> {
@@ -204,6 +200,7 @@ impl Container {
             assigned: Mutex::new(Assigned::default()),
             warm: Mutex::new(None),
             warm_fifo: warm_fifo.try_clone().expect("dup of an open fifo"),
+            group: cgroup::Group::new(&id),
             shared_cpu: crate::shared_cpu_group(&settings.prefix),
             cpu_own: Mutex::new(false),
         };
@@ -216,8 +213,7 @@ impl Container {
             }
         }
         // Before anything else runs in it: children inherit the group.
-        let shared = crate::shared_cpu_group(&settings.prefix);
-        if shared.is_dir() {
+        if let Some(shared) = crate::shared_cpu_group(&settings.prefix).filter(|g| g.is_dir()) {
             if let Err(e) = fs::write(shared.join("cgroup.procs"), init_pid.to_string()) {
                 let c = c(reader, Vec::new());
                 c.destroy(settings, nets);
@@ -359,47 +355,34 @@ impl Container {
     }
 
     fn set_limits(&self, l: &Limits) -> Result<()> {
-        let mem = cgroup(&self.id, "memory");
-        let current: u64 = fs::read_to_string(mem.join("memory.limit_in_bytes"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(u64::MAX);
-        let (limit, memsw) = (mem.join("memory.limit_in_bytes"), mem.join("memory.memsw.limit_in_bytes"));
-        let v = l.memory_bytes.to_string();
-        // memsw must never be below the plain limit: raise it first when
-        // growing, lower it last when shrinking.
-        if l.memory_bytes >= current {
-            write_file(&memsw, &v)?;
-            write_file(&limit, &v)?;
-        } else {
-            write_file(&limit, &v)?;
-            write_file(&memsw, &v)?;
-        }
-        write_file(&cgroup(&self.id, "pids").join("pids.max"), &l.pids.to_string())?;
-        let own = cgroup(&self.id, "cpu");
-        if let Some(shares) = l.cpu_shares {
-            write_file(&own.join("cpu.shares"), &shares.to_string())?;
-        }
-        // Moving a process between cgroups waits for an RCU grace period
-        // (~10 ms on this idle guest), so only when the group changes: a
-        // container starts in the shared group and most stay there.
-        let mut cpu_own = self.cpu_own.lock().unwrap_or_else(|p| p.into_inner());
-        if *cpu_own != l.cpu_shares.is_some() {
-            let group = if l.cpu_shares.is_some() { own } else { self.shared_cpu.clone() };
-            for p in self.pids().into_iter().filter(|_| group.is_dir()) {
-                write_file(&group.join("cgroup.procs"), &p.to_string())?;
+        let g = &self.group;
+        let fail = |what: &str| {
+            let what = format!("setting {what} of {}", self.id);
+            move |error| Error::Io { what, error }
+        };
+        g.set_memory(l.memory_bytes).map_err(fail("the memory limit"))?;
+        g.set_pids(l.pids).map_err(fail("the process limit"))?;
+        g.set_cpu(l.cpu_shares).map_err(fail("the CPU weight"))?;
+        // cgroup v1: moving a process between cgroups waits for an RCU
+        // grace period (~10 ms on this idle guest), so only when the group
+        // changes: a container starts in the shared group and most stay
+        // there.
+        if let Some(shared) = &self.shared_cpu {
+            let mut cpu_own = self.cpu_own.lock().unwrap_or_else(|p| p.into_inner());
+            if *cpu_own != l.cpu_shares.is_some() {
+                let group = if l.cpu_shares.is_some() { g.v1_cpu_dir() } else { shared.clone() };
+                for p in self.pids().into_iter().filter(|_| group.is_dir()) {
+                    write_file(&group.join("cgroup.procs"), &p.to_string())?;
+                }
+                *cpu_own = l.cpu_shares.is_some();
             }
-            *cpu_own = l.cpu_shares.is_some();
         }
         Ok(())
     }
 
     /// How many processes the kernel's OOM killer has killed in here.
     pub fn oom_kills(&self) -> u64 {
-        fs::read_to_string(cgroup(&self.id, "memory").join("memory.oom_control"))
-            .ok()
-            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("oom_kill ").and_then(|n| n.trim().parse().ok())))
-            .unwrap_or(0)
+        self.group.oom_kills()
     }
 
     /// Whether the OOM killer struck since the function got the container.
@@ -410,11 +393,7 @@ impl Container {
 
     /// Host pids of every process in the container.
     pub fn pids(&self) -> Vec<u32> {
-        fs::read_to_string(cgroup(&self.id, "pids").join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
+        self.group.procs()
     }
 
     /// The host pid of the process that is `ns_pid` inside the container.
@@ -457,13 +436,13 @@ impl Container {
         }
     }
 
-    /// Pauses every process of the container (cgroup v1 freezer; ~0.1 ms,
-    /// against 5–8 ms for `runc pause`).
+    /// Pauses every process of the container (the v1 freezer or v2's
+    /// cgroup.freeze; ~0.1 ms, against 5–8 ms for `runc pause`).
     pub fn freeze(&self) -> Result<()> {
         // The flag and the file change together: a thaw that ran between
         // them would see no flag and leave the container frozen.
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
-        write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "FROZEN")?;
+        self.group.freeze().map_err(|error| Error::Io { what: format!("freezing {}", self.id), error })?;
         a.frozen = true;
         Ok(())
     }
@@ -472,7 +451,7 @@ impl Container {
     /// with a give-back, or one from outside).
     fn thaw_whatever_the_flag_says(&self) -> Result<()> {
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
-        write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "THAWED")?;
+        self.group.thaw().map_err(|error| Error::Io { what: format!("thawing {}", self.id), error })?;
         a.frozen = false;
         Ok(())
     }
@@ -480,7 +459,7 @@ impl Container {
     pub fn thaw(&self) {
         let mut a = self.assigned.lock().unwrap_or_else(|p| p.into_inner());
         if a.frozen {
-            let _ = write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "THAWED");
+            let _ = self.group.thaw();
             a.frozen = false;
         }
     }
@@ -524,11 +503,9 @@ impl Container {
     /// Removes the container for good.
     pub fn destroy(&self, settings: &Settings, nets: Option<&netns::Networks>) {
         // A frozen process cannot even die.
-        let _ = write_file(&cgroup(&self.id, "freezer").join("freezer.state"), "THAWED");
+        let _ = self.group.thaw();
         let _ = runc(settings).args(["delete", "-f", &self.id]).stderr(Stdio::null()).status();
-        for c in CONTROLLERS {
-            let _ = fs::remove_dir(cgroup(&self.id, c));
-        }
+        self.group.remove();
         if let (Some(n), Some(nets)) = (&self.net, nets) {
             let _ = nets.destroy(n);
         }

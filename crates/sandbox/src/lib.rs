@@ -8,6 +8,7 @@
 
 mod build;
 mod bundle;
+pub mod cgroup;
 mod container;
 mod error;
 pub mod logs;
@@ -49,8 +50,9 @@ pub struct Limits {
     pub memory_bytes: u64,
     pub pids: u32,
     /// None: the container's processes run in the engine's own CPU group
-    /// (see [`shared_cpu_group`]); Some: a CPU group of their own with
-    /// this weight.
+    /// on cgroup v1 (see [`shared_cpu_group`]), at the default weight in
+    /// their own on v2; Some: a CPU group of their own with this weight
+    /// (cpu.shares; cpu.weight on v2, converted).
     pub cpu_shares: Option<u32>,
 }
 
@@ -132,12 +134,7 @@ pub fn unavailable(runc: &Path, init: &Path) -> Option<String> {
     if !init.is_file() {
         return Some(format!("container init not built: {} (run `make build`)", init.display()));
     }
-    for c in ["memory", "cpu", "pids", "freezer"] {
-        if !Path::new("/sys/fs/cgroup").join(c).join("cgroup.procs").is_file() {
-            return Some(format!("cgroup v1 controller {c} is not mounted at /sys/fs/cgroup/{c}"));
-        }
-    }
-    None
+    cgroup::unavailable()
 }
 
 /// The first network index of an engine: engines on one machine share the
@@ -148,14 +145,10 @@ pub fn net_base(prefix: &str) -> u32 {
     (h % 63) as u32 * 256
 }
 
-/// The CPU cgroup an engine and its functions' containers share. A wakeup
-/// between tasks of two CPU groups (or two autogroups) goes through group
-/// scheduling, and a container in a group of its own cost a third of the
-/// external call throughput here (BENCHMARKS.md); so by default the engine
-/// moves itself into this group and puts every container in it, and only a
-/// function that asks for a CPU share gets a group of its own.
-pub fn shared_cpu_group(prefix: &str) -> PathBuf {
-    Path::new("/sys/fs/cgroup/cpu/staccato").join(prefix)
+/// The CPU cgroup an engine and its functions' containers share (cgroup
+/// v1 only; see [`cgroup::shared_cpu_group`]).
+pub fn shared_cpu_group(prefix: &str) -> Option<PathBuf> {
+    cgroup::shared_cpu_group(prefix)
 }
 
 /// Finds `name` on PATH.

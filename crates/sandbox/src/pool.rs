@@ -60,11 +60,13 @@ impl Pool {
     pub fn new(settings: Settings) -> Result<Pool> {
         fs::create_dir_all(&settings.dir).map_err(Error::io(format!("creating {}", settings.dir.display())))?;
         let claim = crate::claim(&settings.prefix)?;
-        // The engine joins the CPU group its containers will share.
-        let group = crate::shared_cpu_group(&settings.prefix);
-        fs::create_dir_all(&group)
-            .and_then(|()| fs::write(group.join("cgroup.procs"), std::process::id().to_string()))
-            .map_err(Error::io(format!("joining the CPU group {}", group.display())))?;
+        crate::cgroup::prepare().map_err(Error::io("preparing the containers' cgroups (v2)"))?;
+        // The engine joins the CPU group its containers will share (v1).
+        if let Some(group) = crate::shared_cpu_group(&settings.prefix) {
+            fs::create_dir_all(&group)
+                .and_then(|()| fs::write(group.join("cgroup.procs"), std::process::id().to_string()))
+                .map_err(Error::io(format!("joining the CPU group {}", group.display())))?;
+        }
         let nets = match settings.network {
             Network::Isolated => Some(match &settings.host_ports {
                 Some(ports) => netns::Networks::with_ports(&settings.prefix, ports)?,
@@ -311,12 +313,8 @@ pub(crate) fn remove_leftovers(s: &Settings, nets: Option<&netns::Networks>) {
         let mine = |name: &str| name.strip_prefix(&s.prefix).is_some_and(|r| r.starts_with('-'));
         // Paused containers first: a frozen init never sees its engine go,
         // and runc cannot kill what is frozen.
-        if let Ok(entries) = fs::read_dir("/sys/fs/cgroup/freezer/staccato") {
-            for e in entries.flatten() {
-                if mine(&e.file_name().to_string_lossy()) {
-                    let _ = fs::write(e.path().join("freezer.state"), "THAWED");
-                }
-            }
+        for g in crate::cgroup::groups(mine) {
+            let _ = g.thaw();
         }
         if let Ok(entries) = fs::read_dir(&s.dir) {
             for e in entries.flatten() {
@@ -334,15 +332,8 @@ pub(crate) fn remove_leftovers(s: &Settings, nets: Option<&netns::Networks>) {
                 }
             }
         }
-        for c in ["memory", "cpu", "pids", "freezer", "cpuacct", "cpuset", "blkio", "devices", "systemd"] {
-            let base = std::path::Path::new("/sys/fs/cgroup").join(c).join("staccato");
-            if let Ok(entries) = fs::read_dir(&base) {
-                for e in entries.flatten() {
-                    if mine(&e.file_name().to_string_lossy()) {
-                        let _ = fs::remove_dir(e.path());
-                    }
-                }
-            }
+        for g in crate::cgroup::groups(mine) {
+            g.remove();
         }
         if let Some(n) = nets {
             if let Err(e) = n.cleanup() {
@@ -360,19 +351,16 @@ pub(crate) fn remove_leftovers(s: &Settings, nets: Option<&netns::Networks>) {
 /// the host before the container's root changed) and the `engine.pid` the
 /// engine left beside it.
 fn thaw_orphans() {
-    let Ok(entries) = fs::read_dir("/sys/fs/cgroup/freezer/staccato") else { return };
-    for e in entries.flatten() {
-        let dir = e.path();
-        if fs::read_to_string(dir.join("freezer.state")).map_or(true, |s| s.trim() == "THAWED") {
+    for g in crate::cgroup::groups(|_| true) {
+        if !g.frozen() {
             continue;
         }
-        let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
         // The container's init: pid 1 of its namespace.
-        let init = procs.split_whitespace().find(|pid| {
+        let init = g.procs().into_iter().map(|p| p.to_string()).find(|pid| {
             fs::read_to_string(format!("/proc/{pid}/status"))
                 .is_ok_and(|st| st.lines().any(|l| l.starts_with("NSpid:") && l.split_whitespace().last() == Some("1")))
         });
-        let alive_engine = init.is_some_and(|pid| {
+        let alive_engine = init.as_ref().is_some_and(|pid| {
             let err = fs::read_link(format!("/proc/{pid}/fd/2")).unwrap_or_default();
             let text = err.to_string_lossy();
             !text.ends_with("(deleted)")
@@ -383,7 +371,7 @@ fn thaw_orphans() {
                     .is_some_and(|p| alive(p.trim()))
         });
         if init.is_some() && !alive_engine {
-            let _ = fs::write(dir.join("freezer.state"), "THAWED");
+            let _ = g.thaw();
         }
     }
 }

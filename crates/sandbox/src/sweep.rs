@@ -57,7 +57,6 @@ pub fn claim_uids() -> Result<UidRange> {
     }
     Err(Error::Config(format!("all {UID_RANGES} user ranges are held by live engines on this machine")))
 }
-const CONTROLLERS: [&str; 9] = ["memory", "cpu", "pids", "freezer", "cpuacct", "cpuset", "blkio", "devices", "systemd"];
 
 /// A prefix this process owns; dropping it releases the claim.
 #[derive(Debug)]
@@ -144,28 +143,13 @@ fn mine(prefix: &str, name: &str) -> bool {
 
 /// Kills and removes the cgroups and namespaces named with `prefix`.
 fn sweep_prefix(prefix: &str) {
-    let groups = |c: &str| -> Vec<PathBuf> {
-        let base = Path::new("/sys/fs/cgroup").join(c).join("staccato");
-        fs::read_dir(base)
-            .map(|d| d.flatten().filter(|e| mine(prefix, &e.file_name().to_string_lossy())).map(|e| e.path()).collect())
-            .unwrap_or_default()
-    };
-    for g in groups("freezer") {
-        let _ = fs::write(g.join("freezer.state"), "THAWED");
+    let groups = || crate::cgroup::groups(|name| mine(prefix, name));
+    for g in groups() {
+        let _ = g.thaw();
     }
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let pids: Vec<u32> = groups("pids")
-            .iter()
-            .flat_map(|g| {
-                fs::read_to_string(g.join("cgroup.procs"))
-                    .unwrap_or_default()
-                    .lines()
-                    .map(str::to_owned)
-                    .collect::<Vec<_>>()
-            })
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
+        let pids: Vec<u32> = groups().iter().flat_map(crate::cgroup::Group::procs).collect();
         if pids.is_empty() || Instant::now() > deadline {
             break;
         }
@@ -174,12 +158,12 @@ fn sweep_prefix(prefix: &str) {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    for c in CONTROLLERS {
-        for g in groups(c) {
-            let _ = fs::remove_dir(g);
-        }
+    for g in groups() {
+        g.remove();
     }
-    let _ = fs::remove_dir(crate::shared_cpu_group(prefix));
+    if let Some(shared) = crate::shared_cpu_group(prefix) {
+        let _ = fs::remove_dir(shared);
+    }
     match netns::Networks::new(prefix).and_then(|n| n.cleanup()) {
         Ok(()) => {}
         Err(e) => log::warn!("removing the network namespaces of prefix {prefix}: {e}"),

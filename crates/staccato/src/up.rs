@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum IsolationArg {
-    /// Containers when this machine can make them (root, runc, cgroup v1),
+    /// Containers when this machine can make them (root, runc, cgroup v1 or v2),
     /// else processes, with a line saying why.
     Auto,
     /// runc containers from the isolation pool; fail if impossible.
