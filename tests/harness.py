@@ -182,6 +182,18 @@ class Server:
         st = self.function(name)["status"]
         return (st.get("container") or {}).get("id")
 
+    def wait_pool(self, n, timeout=60):
+        """Waits until the function pool has made its first n containers
+        (each with its init running): on a slow machine (the cgroup v2
+        VM's emulated CPUs) a deploy can otherwise come before the pool and
+        make a container of its own."""
+        pid = str(self.proc.pid)
+        prefixes = [p.name[:-len(".lock")] for p in Path("/run/staccato/engines").glob("s*.lock")
+                    if p.read_text().strip() == pid]
+        assert prefixes, "no pool claim for this server"
+        ok = wait_for(lambda: all(cgroups.procs(f"{prefixes[0]}-{i}") for i in range(n)), timeout=timeout)
+        assert ok, f"the pool did not make {n} containers in {timeout} s"
+
     def sched(self, name):
         st = self.function(name)["status"]
         assert st, f"engine has no status for {name}"
