@@ -41,14 +41,22 @@ echo "== pass 1 took $(($(date +%s) - start)) s"
 
 echo "== pass 2: in a cgroup namespace whose root has processes (a pod)"
 start=$(date +%s)
+# The pod's group gets the controllers a kubelet would give it.
+echo "+memory +pids +cpu" >/sys/fs/cgroup/cgroup.subtree_control
 mkdir /sys/fs/cgroup/pod
 echo $$ >/sys/fs/cgroup/pod/cgroup.procs
 unshare --cgroup --mount --propagation private sh -c '
     umount /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 1
     echo "in the namespace: /proc/self/cgroup is $(cat /proc/self/cgroup)"
-    python3 -m pytest -p no:cacheprovider -q -rfE "$STACCATO_VM_TESTS" -k "$STACCATO_VM_POD_SELECT" 2>&1
+    python3 -m pytest -p no:cacheprovider -q -rfEs "$STACCATO_VM_TESTS" -k "$STACCATO_VM_POD_SELECT" >/tmp/pod.out 2>&1
     rc=$?
+    cat /tmp/pod.out
     echo "groups in the pod: $(cd /sys/fs/cgroup && ls -d */ | tr "\\n" " ")"
+    # A skip here means the cgroup tests did not run at all.
+    if grep -q "skipped" /tmp/pod.out || ! grep -q "passed" /tmp/pod.out; then
+        echo "pass 2 ran no test or skipped one: failing it"
+        exit 1
+    fi
     exit $rc'
 echo $? >/out/rc-pod
 echo "== pass 2 took $(($(date +%s) - start)) s"

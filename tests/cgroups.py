@@ -53,9 +53,3 @@ def cpu_weight(cid):
     """The group's CPU weight as the file says it: cpu.shares on v1,
     cpu.weight on v2."""
     return int((group(cid, "cpu") / ("cpu.weight" if V2 else "cpu.shares")).read_text())
-
-
-def shares_to_weight(shares):
-    """cpu.shares as cpu.weight, as the engine and runc convert it."""
-    s = min(max(shares, 2), 262144)
-    return 1 + ((s - 2) * 9999) // 262142

@@ -100,6 +100,17 @@ BREAKS = {
     "probe path": ("gateway.yaml",
                    lambda d: container(d, "Deployment")["livenessProbe"]["httpGet"].update(path="/health"),
                    "path /health is not a route of the gateway (404)"),
+    "liveness on healthz": ("gateway.yaml",
+                            lambda d: container(d, "Deployment")["livenessProbe"]["httpGet"].update(path="/healthz"),
+                            "path /healthz answers 503 with no engine joined"),
+    "readiness on system": ("gateway.yaml",
+                            lambda d: container(d, "Deployment")["readinessProbe"]["httpGet"].update(
+                                path="/system/functions"),
+                            "path /system/functions answers 401"),
+    "port-less policy rule": ("networkpolicy.yaml",
+                              lambda d: find(d, "NetworkPolicy", "staccato-etcd")["spec"]["ingress"][0]["ports"][0].pop(
+                                  "port"),
+                              "a rule's port entry without a port allows every port"),
     "probe port": ("engine.yaml", lambda d: container(d, "DaemonSet")["readinessProbe"]["tcpSocket"].update(port="eng"),
                    "readinessProbe port 'eng' is not a declared container port"),
     "undefined variable": ("engine.yaml", lambda d: set_arg(container(d, "DaemonSet"), "--advertise", "$(POD_ADDR):7070"),

@@ -16,7 +16,8 @@ What it checks besides the schemas:
 * every volumeMount names a volume of its pod; every $(VAR) in args or
   command is defined in the container's env;
 * probes' ports are declared ports; with --binary, the gateway's probe
-  paths are routes a running gateway answers (anything but 404);
+  paths are routes a running gateway (with no engine) answers: 2xx for
+  liveness, 200 or 503 for readiness;
 * for the staccato containers, with --binary: every flag in args is one the
   subcommand accepts (from its --help), the listen ports are the declared
   container ports, --store and --join-every name Services that serve that
@@ -109,6 +110,8 @@ def container_ports(o):
 def resolve_port(o, port):
     """A named or numbered port of workload `o`, as a number, or None."""
     names, numbers = container_ports(o)
+    if port is None:
+        return None
     if isinstance(port, str) and not port.isdigit():
         return names.get(port)
     return int(port) if int(port) in numbers else None
@@ -229,13 +232,19 @@ def check_secrets(m):
 def check_network_policies(m):
     workloads = m.of_kind(*WORKLOAD_KINDS)
 
-    def selected(sel):
+    def selected(sel, w=""):
+        if (sel or {}).get("matchExpressions"):
+            m.err(w, "a selector with matchExpressions: the checker follows matchLabels only")
         labels = (sel or {}).get("matchLabels", {})
         return [o for _, o in workloads if all(pod_labels(o).get(k) == v for k, v in labels.items())]
 
     for f, p in m.of_kind("NetworkPolicy"):
         spec = p.get("spec", {})
-        own = selected(spec.get("podSelector"))
+        for rule in (spec.get("ingress") or []) + (spec.get("egress") or []):
+            for port in rule.get("ports", []) or []:
+                if port.get("port") is None:
+                    m.err(where(f, p), "a rule's port entry without a port allows every port")
+        own = selected(spec.get("podSelector"), where(f, p))
         if not own:
             m.err(where(f, p), "podSelector matches no workload's pods")
         for rule in spec.get("ingress", []) or []:
@@ -244,13 +253,13 @@ def check_network_policies(m):
                     if resolve_port(o, port.get("port")) is None:
                         m.err(where(f, p), f"ingress port {port.get('port')} is not a port of {o['metadata']['name']}")
             for peer in rule.get("from", []) or []:
-                if "podSelector" in peer and "namespaceSelector" not in peer and not selected(peer["podSelector"]):
+                if "podSelector" in peer and "namespaceSelector" not in peer and not selected(peer["podSelector"], where(f, p)):
                     m.err(where(f, p), f"ingress from {peer['podSelector']} matches no workload's pods")
         for rule in spec.get("egress", []) or []:
             for peer in rule.get("to", []) or []:
                 if "podSelector" not in peer or "namespaceSelector" in peer:
                     continue  # outside the manifests (e.g. the cluster's DNS)
-                targets = selected(peer["podSelector"])
+                targets = selected(peer["podSelector"], where(f, p))
                 if not targets:
                     m.err(where(f, p), f"egress to {peer['podSelector']} matches no workload's pods")
                 for port in rule.get("ports", []) or []:
@@ -367,14 +376,17 @@ def free_port():
 
 
 def check_probe_paths(m, binary):
-    """Starts a gateway on loopback and asks it for each probe path."""
+    """Starts a gateway on loopback, with no engine, and asks it for each
+    probe path. A liveness path must answer 2xx even so (or a gateway
+    whose engines are away would be restarted for it); a readiness path
+    200 or 503 (not ready: no engine); a startup path 2xx."""
     paths = set()
     for f, o, c in staccato_containers(m):
         if (c.get("args") or [None])[0] != "gateway":
             continue
         for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
             if "httpGet" in (c.get(kind) or {}):
-                paths.add((f"{where(f, o)} {kind}", c[kind]["httpGet"].get("path", "/")))
+                paths.add((f"{where(f, o)} {kind}", kind, c[kind]["httpGet"].get("path", "/")))
     if not paths:
         return
     with tempfile.TemporaryDirectory() as state:
@@ -383,7 +395,7 @@ def check_probe_paths(m, binary):
                               "--engine-token", "probe-check"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             deadline = time.time() + 20
-            for w, path in sorted(paths):
+            for w, kind, path in sorted(paths):
                 while True:
                     try:
                         code = urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).status
@@ -398,6 +410,11 @@ def check_probe_paths(m, binary):
                     break
                 if code == 404:
                     m.err(w, f"path {path} is not a route of the gateway (404)")
+                elif kind == "readinessProbe" and code not in (200, 503):
+                    m.err(w, f"path {path} answers {code} (readiness wants 200, or 503 while no engine is there)")
+                elif kind != "readinessProbe" and not 200 <= code < 300:
+                    m.err(w, f"path {path} answers {code} with no engine joined: a {kind} there would restart "
+                             "a gateway whose engines are away")
         finally:
             p.terminate()
             p.wait(10)

@@ -23,6 +23,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 const ROOT: &str = "/sys/fs/cgroup";
 /// The parent of every container's group, under the root (each controller's
@@ -100,19 +101,33 @@ pub fn prepare() -> io::Result<()> {
             let leaf = root.join(V2_ENGINE_LEAF);
             fs::create_dir_all(&leaf)?;
             log::info!("cgroup v2: moving the processes of {ROOT} into {} to enable controllers", leaf.display());
-            // Processes may start meanwhile (each inherits the root): a
-            // few passes.
-            for _ in 0..10 {
+            // Processes may start meanwhile (each inherits the root), and
+            // the kernel may answer EBUSY for a moment after the last one
+            // left: a few tries.
+            let mut last = Ok(());
+            for _ in 0..50 {
                 let procs = fs::read_to_string(root.join("cgroup.procs"))?;
-                if procs.trim().is_empty() {
-                    break;
-                }
                 for pid in procs.split_whitespace() {
                     // One that exited meanwhile is not an error.
                     let _ = fs::write(leaf.join("cgroup.procs"), pid);
                 }
+                last = enable(root);
+                match &last {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => std::thread::sleep(Duration::from_millis(10)),
+                    _ => break,
+                }
             }
-            enable(root)?;
+            if let Err(e) = last {
+                let left = fs::read_to_string(root.join("cgroup.procs")).unwrap_or_default();
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "enabling controllers in {ROOT} after moving its processes to {}: {e} (still there: {})",
+                        leaf.display(),
+                        left.split_whitespace().collect::<Vec<_>>().join(" ")
+                    ),
+                ));
+            }
         }
         other => other?,
     }
@@ -136,11 +151,13 @@ fn read_u64(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// cpu.shares (2..262144, default 1024) as cgroup v2's cpu.weight
-/// (1..10000, default 100), the mapping runc and the kernel docs use.
+/// cpu.shares (default 1024) as cgroup v2's cpu.weight (1..10000,
+/// default 100), in proportion: 1024 → 100, 512 → 50, so a function that
+/// asks for the default share gets the weight of one that asks for none.
+/// (runc's own formula maps 1024 to 39; the engine writes the weight after
+/// runc made the group, so this one holds.)
 pub fn shares_to_weight(shares: u32) -> u32 {
-    let s = u64::from(shares.clamp(2, 262_144));
-    (1 + ((s - 2) * 9999) / 262_142) as u32
+    ((u64::from(shares) * 100 + 512) / 1024).clamp(1, 10_000) as u32
 }
 
 impl Group {
@@ -184,6 +201,24 @@ impl Group {
             }
             Hierarchy::V2 => {
                 let g = self.v2();
+                // v1 reclaims down to a lower limit and refuses it (EBUSY,
+                // and the container is destroyed) when it cannot; v2 would
+                // take it and let the OOM killer make room, killing the
+                // container's init or a warm interpreter behind the
+                // caller's back. So: reclaim (page cache, mostly), then
+                // refuse what is still above the limit.
+                let current = || read_u64(&g.join("memory.current"));
+                if let Some(used) = current().filter(|u| *u > bytes) {
+                    let _ = fs::write(g.join("memory.reclaim"), (used - bytes).to_string());
+                }
+                if let Some(used) = current() {
+                    if bytes < used {
+                        return Err(io::Error::new(
+                            io::ErrorKind::ResourceBusy,
+                            format!("the memory limit {bytes} is below what {} uses ({used} bytes)", self.id),
+                        ));
+                    }
+                }
                 write(&g.join("memory.max"), &v)?;
                 // No kernel without swap accounting has the file: nothing
                 // to limit then.
@@ -330,19 +365,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shares_map_onto_weights_as_runc_maps_them() {
-        assert_eq!(shares_to_weight(2), 1);
-        assert_eq!(shares_to_weight(1024), 39);
-        assert_eq!(shares_to_weight(262_144), 10_000);
+    fn shares_map_onto_weights_in_proportion() {
+        // The default share is the default weight.
+        assert_eq!(shares_to_weight(1024), 100);
+        assert_eq!(shares_to_weight(512), 50);
+        assert_eq!(shares_to_weight(256), 25);
+        assert_eq!(shares_to_weight(2), 1, "never 0");
         assert_eq!(shares_to_weight(0), 1, "clamped");
-        assert!(shares_to_weight(512) < shares_to_weight(2048));
-    }
-
-    /// The hierarchy found is the one mounted: v2 exactly when the root
-    /// holds cgroup.controllers.
-    #[test]
-    fn the_hierarchy_is_read_from_the_mount() {
-        let v2 = Path::new(ROOT).join("cgroup.controllers").is_file();
-        assert_eq!(hierarchy() == Hierarchy::V2, v2);
+        assert_eq!(shares_to_weight(262_144), 10_000, "the largest weight");
     }
 }
