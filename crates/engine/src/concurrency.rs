@@ -86,10 +86,22 @@ impl ConcurrencyHint {
     /// τ, clamped to `[max(min_workers, 1), max_workers]`. Never 0: a
     /// function with queued calls must be able to run one (Nightcore's τ can
     /// round to 0 and leave calls queued forever).
+    ///
+    /// Before the first call has finished there is no processing time to
+    /// multiply by, and λ·t would be 0: τ would hold a burst to a freshly
+    /// deployed function to one call at a time until the first one ends (16
+    /// concurrent 1 s calls took 2 s). Without that measurement τ is
+    /// max_workers while calls are queued or running, and the floor while
+    /// none are (so a pool whose calls never complete, all timing out say,
+    /// still shrinks); from the first completion on, λ·t bounds it as
+    /// usual.
     pub fn tau(&self, now_ns: u64, busy: bool, min_workers: u32, max_workers: u32) -> u32 {
-        let raw = (self.rate_per_s(now_ns, busy) * self.processing_s()).ceil();
         let lo = min_workers.max(1);
         let hi = max_workers.max(lo);
+        if self.processing_s.get().is_none() {
+            return if busy { hi } else { lo };
+        }
+        let raw = (self.rate_per_s(now_ns, busy) * self.processing_s()).ceil();
         if raw.is_nan() {
             return lo;
         }
@@ -127,9 +139,28 @@ mod tests {
     }
 
     #[test]
+    fn without_a_processing_time_tau_is_max_workers() {
+        let mut h = ConcurrencyHint::new(1e-3);
+        assert_eq!(h.tau(0, true, 0, 8), 8);
+        assert_eq!(h.tau(0, false, 0, 8), 1, "nothing to run: the floor");
+        // A burst of 16 to a fresh function: all may run at once...
+        for i in 0..16 {
+            h.on_arrival(i * 1000);
+        }
+        assert_eq!(h.tau(16_000, true, 1, 16), 16);
+        // ...and once one has finished, λ·t rules: 1 call/s of 10 ms.
+        let mut h = ConcurrencyHint::new(1e-3);
+        h.on_arrival(0);
+        h.on_arrival(1000 * MS);
+        h.on_processed(10 * MS);
+        assert_eq!(h.tau(1000 * MS, false, 1, 16), 1);
+    }
+
+    #[test]
     fn tau_never_zero() {
-        let h = ConcurrencyHint::new(1e-3);
-        assert_eq!(h.tau(0, false, 0, 8), 1);
+        let mut h = ConcurrencyHint::new(1e-3);
+        h.on_processed(MS);
+        assert_eq!(h.tau(0, false, 0, 8), 1, "no rate yet");
         let mut h = ConcurrencyHint::new(1e-3);
         h.on_arrival(0);
         h.on_arrival(1000 * MS);

@@ -375,6 +375,10 @@ mod tests {
     fn nested_calls_go_first_and_beyond_tau_up_to_max() {
         let mut s = Scheduler::new(1, 3, 1e-3);
         ready_pool(&mut s, 1);
+        // One call already done, in a nanosecond: τ = λ·t is 1 from here.
+        s.enqueue(100, 0);
+        let (_, w) = s.next_dispatch(0, 0).expect("the first call runs");
+        assert!(s.complete(w, 100, 1, 0));
         s.enqueue(1, 0);
         let (c, _) = s.next_dispatch(0, 0).expect("the outer call runs");
         assert_eq!(c, 1);

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Bursts to a quiet function (issue 14): N concurrent calls of a function
+that sleeps D ms, sent at once, to a freshly deployed function (no history:
+managed concurrency has no measurement yet) and again after a steady
+trickle (history). Reports each burst's makespan against D: 1.0x means
+every call ran at once.
+
+    python3 bench/burst.py [--binary target/release/staccato] [--sizes 1 16 64] [--ms 200] [--rounds 3]
+
+Starts its own `staccato up` on a free loopback port, with the default
+settings (containers when it can make them), and stops it at the end."""
+import argparse
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FN = ROOT / "bench" / "functions" / "burst"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(port, ms):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        c.request("POST", "/function/bench-burst", body=str(ms).encode())
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
+    finally:
+        c.close()
+
+
+def burst(port, n, ms):
+    """Seconds from the first call sent to the last answer."""
+    with cf.ThreadPoolExecutor(n) as ex:
+        t0 = time.perf_counter()
+        list(ex.map(lambda _: call(port, ms), range(n)))
+        return time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--binary", default=str(ROOT / "target" / "release" / "staccato"))
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--ms", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
+    with tempfile.TemporaryDirectory() as state:
+        up = subprocess.Popen([a.binary, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", state],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+        try:
+            env["STACCATO_GATEWAY"] = f"http://127.0.0.1:{port}"
+            env["STACCATO_TOKEN"] = ""
+            for _ in range(200):
+                if (Path(state) / "token").exists():
+                    break
+                time.sleep(0.1)
+            env["STACCATO_TOKEN"] = (Path(state) / "token").read_text().strip()
+            cli = lambda *args: subprocess.run([a.binary, *args], env=env, capture_output=True, text=True, check=True)
+            rows = {}
+            for r in range(a.rounds):
+                for n in a.sizes:
+                    # Fresh: deployed just now, never called.
+                    subprocess.run([a.binary, "rm", "bench-burst"], env=env, capture_output=True)
+                    cli("deploy", str(FN))
+                    fresh = burst(port, n, a.ms)
+                    # With history: a trickle of single calls first.
+                    for _ in range(5):
+                        call(port, a.ms)
+                    warm = burst(port, n, a.ms)
+                    rows.setdefault(n, []).append((fresh, warm))
+                    print(f"round {r + 1}: {n:3d} calls: fresh {fresh * 1000:7.0f} ms, "
+                          f"after history {warm * 1000:7.0f} ms", file=sys.stderr, flush=True)
+            print(f"\nburst of N calls of a {a.ms} ms function, makespan (median of {a.rounds}), and as a "
+                  f"multiple of one call:")
+            print("| N | fresh function | after a trickle of calls |")
+            print("|---:|---:|---:|")
+            for n, v in rows.items():
+                f = statistics.median(x[0] for x in v)
+                w = statistics.median(x[1] for x in v)
+                print(f"| {n} | {f * 1000:.0f} ms ({f * 1000 / a.ms:.2f}x) | {w * 1000:.0f} ms ({w * 1000 / a.ms:.2f}x) |")
+        finally:
+            up.terminate()
+            up.wait(30)
+
+
+if __name__ == "__main__":
+    main()
