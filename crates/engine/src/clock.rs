@@ -143,6 +143,14 @@ pub(crate) fn pause_delay(
     Duration::from_secs_f64(if secs.is_nan() { min.as_secs_f64() } else { secs })
 }
 
+/// Whether a function's container has work in hand: calls running or
+/// queued, or a worker starting. A worker that is starting waits for its
+/// launcher to open its channel; frozen, the launcher never does, and the
+/// worker (and the calls behind it) would wait until the start times out.
+fn busy(st: &api::control::SchedulerStatus) -> bool {
+    st.running > 0 || st.queued > 0 || st.starting > 0
+}
+
 fn reuse(shared: &Shared, f: &Function, cc: &crate::config::ContainerConfig) {
     let now = sys::clock::monotonic_ns();
     let mut core = f.lock_core();
@@ -151,7 +159,7 @@ fn reuse(shared: &Shared, f: &Function, cc: &crate::config::ContainerConfig) {
         return;
     }
     let st = core.sched.status(now);
-    if st.running > 0 || st.queued > 0 {
+    if busy(&st) {
         core.last_active_ns = now;
         return;
     }
@@ -181,8 +189,20 @@ fn reuse(shared: &Shared, f: &Function, cc: &crate::config::ContainerConfig) {
 
 #[cfg(test)]
 mod tests {
-    use super::pause_delay;
+    use super::{busy, pause_delay};
     use std::time::Duration;
+
+    /// Found by `bench micro` pinned to one vCPU: a redeployed function's
+    /// container was paused while its first worker was starting, and the
+    /// worker never came up.
+    #[test]
+    fn a_starting_worker_keeps_the_container_running() {
+        let idle = api::control::SchedulerStatus { tau: 1, ..Default::default() };
+        assert!(!busy(&idle));
+        assert!(busy(&api::control::SchedulerStatus { starting: 1, ..idle.clone() }));
+        assert!(busy(&api::control::SchedulerStatus { queued: 1, ..idle.clone() }));
+        assert!(busy(&api::control::SchedulerStatus { running: 1, ..idle }));
+    }
 
     #[test]
     fn pause_delay_follows_nukas_rule() {
