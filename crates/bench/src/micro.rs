@@ -46,6 +46,13 @@ pub struct MicroArgs {
     /// Skip the floors (pipes, channels, plain HTTP).
     #[arg(long)]
     no_floors: bool,
+    /// Seconds of the low-load profile: calls at --low-rate a second with
+    /// Poisson gaps, to the C nop and to the plain HTTP server (0: skip).
+    #[arg(long, default_value_t = 10.0)]
+    low_load_s: f64,
+    /// The low-load profile's rate (calls per second).
+    #[arg(long, default_value_t = 100.0)]
+    low_rate: f64,
 }
 
 /// The repository: the directory above the binary (target/release/staccato)
@@ -155,6 +162,19 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
         eprintln!("  plain HTTP server round trip (floor for the external path)");
         rows.push(Row::latency("plain HTTP keep-alive round trip", mode, plain_http(a.calls)?));
     }
+    let low_n = (a.low_load_s * a.low_rate).round() as usize;
+    if low_n > 0 {
+        eprintln!("  plain HTTP server at {:.0} calls/s, {:.0} s (floor for the low-load profile)", a.low_rate, a.low_load_s);
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        plain_http_server(l);
+        let mut c = Client::new(&format!("http://{addr}"), None)?;
+        rows.push(Row::latency(
+            &format!("plain HTTP at {:.0}/s, open loop", a.low_rate),
+            mode,
+            paced(&mut c, "/", a.low_rate, low_n)?,
+        ));
+    }
     let server = Server::start(&a.up_args)?;
     let mut c = Client::new(&server.url, client::read_token(&server.state))?;
     let mut deployed = Vec::new();
@@ -175,6 +195,14 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
         eprintln!("  {label}: external nop calls, one keep-alive connection");
         rows.push(Row::latency(&format!("external nop call, {label}"), mode, external(&mut c, &nop, a.calls)?));
         rows.push(Row::latency(&format!("worker ready, {label}"), mode, worker_ready(&mut c, lang, &nop)?));
+    }
+    if low_n > 0 && deployed.iter().any(|(l, _)| *l == "c") {
+        eprintln!("  C nop at {:.0} calls/s, {:.0} s (the low-load profile)", a.low_rate, a.low_load_s);
+        rows.push(Row::latency(
+            &format!("external nop at {:.0}/s, open loop, C", a.low_rate),
+            mode,
+            paced(&mut c, "/function/bench-nop-c", a.low_rate, low_n)?,
+        ));
     }
     // The C nop when it was measured (the figure BENCHMARKS.md tracks),
     // else the first language that was: never a function not deployed.
@@ -522,6 +550,42 @@ pub(crate) fn external(c: &mut Client, name: &str, n: usize) -> Result<Vec<u64>>
         let el = t.elapsed().as_nanos() as u64;
         if r.status != 200 {
             bail!("{name}: HTTP {}", r.status);
+        }
+        if i >= n / 10 {
+            out.push(el);
+        }
+    }
+    Ok(out)
+}
+
+/// `n` calls to `path` at `rate` a second on average, with exponential gaps
+/// from a fixed seed (an open-loop Poisson arrival process, as
+/// `staccato bench run` makes), over one keep-alive connection, after n/10
+/// untimed ones: each call's round trip. At the low rates this is for, a
+/// call is long done before the next is due; one that is due earlier waits
+/// for it (and is timed from when it is sent).
+pub(crate) fn paced(c: &mut impl Requester, path: &str, rate: f64, n: usize) -> Result<Vec<u64>> {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut uniform = move || {
+        // xorshift64*: enough for arrival gaps.
+        seed ^= seed >> 12;
+        seed ^= seed << 25;
+        seed ^= seed >> 27;
+        (seed.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut out = Vec::with_capacity(n);
+    let mut due = Instant::now();
+    for i in 0..n + n / 10 {
+        let gap = -(1.0 - uniform()).ln() / rate;
+        due += Duration::from_secs_f64(gap);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let t = Instant::now();
+        let r = c.request("POST", path, b"")?;
+        let el = t.elapsed().as_nanos() as u64;
+        if r.status != 200 {
+            bail!("{path}: HTTP {}", r.status);
         }
         if i >= n / 10 {
             out.push(el);
