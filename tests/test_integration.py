@@ -219,6 +219,12 @@ def test_burst_is_served_by_a_grown_pool(server, tmp_path):
     concurrent = max_overlap([(o["start_us"], o["end_us"]) for o in outs])
     # 16 calls arrive within milliseconds and take 300 ms: λ·t ≫ 8, so up to 8 should run at once.
     assert concurrent >= 6, (concurrent, server.sched("burst-c"))
+    # Before any call has finished there is no processing time, and τ = λ·t
+    # was 0 (held at 1): the first call ran alone and the burst took twice
+    # as long. Now τ is max_workers until then: the first call has company.
+    first = min(outs, key=lambda o: o["start_us"])
+    with_first = sum(1 for o in outs if o["start_us"] < first["end_us"])
+    assert with_first >= 6, (with_first, outs)
 
 
 # ---------------------------------------------------------------- 8. every error

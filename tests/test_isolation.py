@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import cgroups
-from harness import FUNCS, Server, check_error, ok_body, own_server, wait_for, container_pids
+from harness import BIN, FUNCS, free_port, Server, check_error, ok_body, own_server, wait_for, container_pids
 
 ISO = FUNCS / "iso"
 
@@ -216,6 +216,36 @@ def deploy_into(srv, cid, manifest):
         assert srv.cli("rm", "dirty").returncode == 0
         assert wait_for(lambda: idle_container(got), timeout=20), comms(got)
     return False
+
+
+def test_a_container_is_not_paused_while_its_worker_starts(tmp_path):
+    """With pausing after 1 ms idle, a freshly (re)deployed function's
+    container was frozen while its first worker was still starting (the
+    rule counted calls, not starting workers), and the worker never came
+    up (`bench micro`, pinned, Node.js). Each redeploy starts a launcher
+    asked for one worker (min_workers: 1); it must become ready with no
+    call to wake it. (Before the fix this failed within 10 redeploys.)"""
+    node = Path(__file__).resolve().parent.parent / "bench" / "functions" / "node"
+    port = free_port()
+    # On one vCPU, as `bench micro` pinned it: a worker's start takes long
+    # enough there for the pause rule to strike.
+    argv = ["taskset", "-c", "0", str(BIN), "up", "--listen", f"127.0.0.1:{port}", "--state-dir", str(tmp_path / "state"),
+            "--ipc-dir", f"/dev/shm/staccato-test-{port}", "--isolation", "container", "--pause-min-ms", "1",
+            "--pause-max-ms", "2"]
+    mask = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})  # this test's polling too, as bench micro's
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.sched_setaffinity, 0, mask)
+        srv = stack.enter_context(own_server(tmp_path, port=port, argv=argv))
+        srv.deploy(node)
+        # A history of calls, as bench micro's latency steps leave.
+        for _ in range(200):
+            assert srv.invoke("bench-nop-node", b"").status == 200
+        for i in range(10):
+            srv.deploy(node)
+            ready = wait_for(lambda: srv.sched("bench-nop-node")["worker_ready_us"], timeout=15)
+            assert ready, (i, srv.function("bench-nop-node")["status"])
+        assert srv.invoke("bench-nop-node", b"").status == 200
 
 
 def test_returned_container_is_cleaned_before_reuse(tmp_path):
