@@ -32,7 +32,7 @@ MIRROR=${STACCATO_VM_MIRROR:-http://deb.debian.org/debian}
 TESTS=${STACCATO_VM_TESTS:-tests/test_isolation.py}
 SELECT=${STACCATO_VM_SELECT:-not package_cache and not cleaned_before_reuse and not frozen_pooled and not paused_while}
 # The second pass, as in a Kubernetes pod: what the cgroup files do.
-POD_SELECT=${STACCATO_VM_POD_SELECT:-out_of_memory or pids_limit or paused or cpu_weight or unprivileged}
+POD_SELECT=${STACCATO_VM_POD_SELECT:-(out_of_memory or pids_limit or paused or cpu_weight or unprivileged) and not paused_while}
 
 say() { printf '==> %s\n' "$*"; }
 die() { printf 'cgroup2-vm: %s\n' "$*" >&2; exit 1; }
