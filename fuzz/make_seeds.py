@@ -128,7 +128,19 @@ def source_archive():
     put("source_archive", "deep", tgz([("/".join("d" * 12) + "/f", F, b"x")]))
 
 
+def front_request():
+    # The first byte's low bit is the fuzzer's "listening on loopback".
+    call = "POST /function/echo HTTP/1.1\r\nHost: localhost:8080\r\nContent-Length: 5\r\n\r\nhello"
+    put("front_request", "call", "\x01" + call)
+    put("front_request", "get", "\x00GET /function/a-b/?q=1 HTTP/1.1\r\nx-staccato-timeout-ms: 250\r\n\r\n")
+    put("front_request", "pipelined", "\x01" + call + call)
+    put("front_request", "chunked", "\x01POST /function/echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    put("front_request", "two-lengths", "\x01POST /function/echo HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab")
+    put("front_request", "rebinding", "\x01POST /function/echo HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+    put("front_request", "partial", "\x01POST /function/echo HTTP/1.1\r\nContent-Le")
+
+
 if __name__ == "__main__":
-    for f in (channel_message, link_frames, control_request, manifest, http_inputs, source_archive):
+    for f in (channel_message, link_frames, control_request, manifest, http_inputs, source_archive, front_request):
         f()
     print("seeds in", SEEDS)

@@ -405,3 +405,61 @@ def test_paused_containers_of_a_killed_engine_are_released(tmp_path):
     # init then sees its engine gone and the container ends.
     with own_server(tmp_path / "b", extra=["--isolation", "container", "--pool-size", "1"]):
         assert wait_for(lambda: not container_pids(cid), timeout=10), container_pids(cid)
+
+
+QUEUED = '''
+import asyncio, json, os
+
+async def callee(ctx, data):
+    if data.startswith(b"die"):
+        await asyncio.sleep(0.6)
+        os._exit(1)
+    await asyncio.sleep(0.05)
+    return json.dumps({"len": len(data), "pid": os.getpid()}).encode()
+
+async def caller(ctx, data):
+    # A 4 KB input: it travels as a payload file, moved into the callee's
+    # directory when the call is made, and waits there while it queues.
+    first = data[:1] == b"d"
+    out = await ctx.call("queued-callee", (b"die" if first else b"") + b"x" * 4096)
+    return out
+'''
+
+
+def test_calls_queued_while_a_container_is_replaced_read_their_inputs(tmp_path):
+    """Inputs of internal calls queued on a function while its container
+    dies belong to the dead container's user; the replacement (another
+    user) must be given them (once: `permission denied` in the SocialNetwork
+    kill test)."""
+    fn = tmp_path / "fn"
+    fn.mkdir()
+    (fn / "q.py").write_text(QUEUED)
+    (fn / "staccato.yml").write_text(
+        "functions:\n"
+        "  queued-callee:\n    runtime: python\n    handler: q:callee\n    max_workers: 1\n    timeout: 20s\n"
+        "  queued-caller:\n    runtime: python\n    handler: q:caller\n    max_workers: 16\n    timeout: 20s\n")
+    with own_server(tmp_path / "srv", extra=["--isolation", "container", "--pool-size", "3", "--no-pause"]) as s:
+        s.deploy(fn)
+        assert ok_body(s.invoke("queued-caller", b"warm", timeout=20))
+        before = s.container("queued-callee")
+        results = [None] * 8
+
+        def one(i):
+            # The first one's callee exits mid-call; the others queue
+            # behind it (max_workers 1) with their inputs in its directory.
+            results[i] = s.invoke("queued-caller", b"d" if i == 0 else b"q", timeout=30)
+
+        first = threading.Thread(target=one, args=(0,))
+        first.start()
+        time.sleep(0.2)
+        rest = [threading.Thread(target=one, args=(i,)) for i in range(1, 8)]
+        for t in rest:
+            t.start()
+        for t in [first, *rest]:
+            t.join()
+        assert results[0].status == 500 and b"worker_crashed" in results[0].body, results[0]
+        for r in results[1:]:
+            assert r.status == 200, (r, s.log_tail())
+            assert json.loads(r.body)["len"] == 4096, r
+        after = s.container("queued-callee")
+        assert after and after != before, (before, after)

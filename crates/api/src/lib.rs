@@ -10,13 +10,15 @@
 //!   mutual proof of a shared secret) and constant-time token comparison;
 //! * [`control`]: the typed requests, replies and refusals of the control
 //!   connection that follows it;
-//! * [`cluster`]: engines joining gateways, and a gateway's engine table.
+//! * [`cluster`]: engines joining gateways, and a gateway's engine table;
+//! * [`http`]: what the gateway's and the engine's HTTP front doors share.
 #![forbid(unsafe_code)]
 
 pub mod archive;
 pub mod auth;
 pub mod cluster;
 pub mod control;
+pub mod http;
 pub mod link;
 pub mod manifest;
 pub mod spec;

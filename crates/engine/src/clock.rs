@@ -24,7 +24,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         std::thread::sleep(SCAN);
         expire(&shared);
         n += 1;
-        if n.is_multiple_of(CHECK_CONNS_EVERY) && shared.remote.connected() {
+        if n.is_multiple_of(CHECK_CONNS_EVERY) && (shared.remote.connected() || shared.front.get().is_some()) {
             for t in 0..shared.mailboxes.len() {
                 shared.post(t, Cmd::CheckConns);
             }

@@ -36,6 +36,9 @@ pub struct EngineConfig {
     /// How long an I/O thread polls for events before blocking, after it
     /// dispatched a call whose reply may come back within microseconds.
     pub engine_spin_us: u32,
+    /// For how long after the last event the engine keeps its vCPUs from
+    /// halting (`awake`); 0: never.
+    pub keep_awake_ms: u32,
     pub python: String,
     /// How long a registration waits for the function's launcher to come up.
     pub launcher_ready_timeout_ms: u64,
@@ -117,6 +120,7 @@ impl EngineConfig {
             placement: Placement::Packed,
             worker_spin_us: 30,
             engine_spin_us: 30,
+            keep_awake_ms: 0,
             python: "python3".into(),
             launcher_ready_timeout_ms: 15_000,
             containers: None,

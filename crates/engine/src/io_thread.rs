@@ -49,9 +49,36 @@ struct Chan {
     reader: MessageReader,
 }
 
+/// A client connection of the front door (`front`).
+struct HttpConn {
+    stream: std::net::TcpStream,
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    wants_write: bool,
+    /// A call of its is in flight: the next request waits for its answer.
+    busy: bool,
+    /// Once `wbuf` is written: give it to the gateway (`Some`) or close it.
+    after: After,
+    /// When it last sent anything, or was last answered (monotonic ns).
+    heard_ns: u64,
+    /// Reading stopped at `HTTP_READ_MAX` bytes; resume when served.
+    read_paused: bool,
+    /// Its place among the gateway's connections.
+    _slot: Box<dyn Send>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum After {
+    Serve,
+    HandOver,
+    Close,
+}
+
 enum Entry {
     Conn(Conn),
     Chan(Chan),
+    Http(HttpConn),
+    Listener(std::net::TcpListener),
 }
 
 pub(crate) struct IoThread {
@@ -64,11 +91,30 @@ pub(crate) struct IoThread {
     /// Connections with bytes to flush at the end of this loop iteration:
     /// replies produced by one batch of events leave in one write.
     dirty: Vec<Token>,
+    /// Front-door connections answered in this iteration, whose next
+    /// request (pipelined, or read meanwhile) is to be served.
+    answered: Vec<Token>,
+    /// Call ids of the front door's calls: like a gateway thread's
+    /// (docs/protocol.md "Call ids"), thread field 0x40 + this thread.
+    id_tag: u64,
+    next_seq: u64,
 }
 
 impl IoThread {
     pub fn new(idx: usize, shared: Arc<Shared>, poll: Poll) -> IoThread {
-        IoThread { idx, shared, poll, entries: HashMap::new(), next_token: 1, spin_until_ns: 0, dirty: Vec::new() }
+        let id_tag = wire::GATEWAY_CALL_ID_BIT | ((0x40 | (idx as u64 & 0x3f)) << 56) | (random_bits() << 32);
+        IoThread {
+            idx,
+            shared,
+            poll,
+            entries: HashMap::new(),
+            next_token: 1,
+            spin_until_ns: 0,
+            dirty: Vec::new(),
+            answered: Vec::new(),
+            id_tag,
+            next_seq: 0,
+        }
     }
 
     pub fn run(mut self) {
@@ -100,9 +146,13 @@ impl IoThread {
                 }
             }
             let now = sys::clock::monotonic_ns();
-            if !events.is_empty() && self.shared.cfg.engine_spin_us > 0 {
-                self.spin_until_ns = now + u64::from(self.shared.cfg.engine_spin_us) * 1000;
+            if !events.is_empty() {
+                if self.shared.cfg.engine_spin_us > 0 {
+                    self.spin_until_ns = now + u64::from(self.shared.cfg.engine_spin_us) * 1000;
+                }
+                self.shared.awake.saw_events(now);
             }
+            self.serve_answered();
             self.flush_dirty();
         }
     }
@@ -140,6 +190,17 @@ impl IoThread {
                 }
                 Cmd::Reply { conn, frame } => self.queue_write(conn, &frame),
                 Cmd::CheckConns => self.close_silent_conns(),
+                Cmd::Listen(l) => {
+                    let t = self.token();
+                    let fd = l.as_raw_fd();
+                    match self.poll.registry().register(&mut SourceFd(&fd), t, Interest::READABLE) {
+                        Ok(()) => {
+                            self.entries.insert(t, Entry::Listener(l));
+                            self.accept(t);
+                        }
+                        Err(e) => log::error!("I/O thread {}: registering a listener: {e}", self.idx),
+                    }
+                }
             }
         }
     }
@@ -169,16 +230,27 @@ impl IoThread {
     fn close_silent_conns(&mut self) {
         let now = sys::clock::monotonic_ns();
         let max = wire::frame::ENGINE_SILENCE_MAX_MS * 1_000_000;
+        let idle_max = self.shared.front.get().map_or(u64::MAX, |f| f.idle_timeout().as_nanos() as u64);
+        let mut idle = Vec::new();
         let silent: Vec<Token> = self
             .entries
             .iter()
             .filter_map(|(t, e)| match e {
                 Entry::Conn(c) if now.saturating_sub(c.heard_ns) > max => Some(*t),
+                // A client that sends no complete request for this long
+                // (idle between calls, or sending a head too slowly).
+                Entry::Http(c) if !c.busy && now.saturating_sub(c.heard_ns) > idle_max => {
+                    idle.push(*t);
+                    None
+                }
                 _ => None,
             })
             .collect();
         for t in silent {
             log::warn!("a gateway connection sent nothing for {} ms; closing it", wire::frame::ENGINE_SILENCE_MAX_MS);
+            self.remove_entry(t);
+        }
+        for t in idle {
             self.remove_entry(t);
         }
     }
@@ -198,6 +270,8 @@ impl IoThread {
         let _ = match &e {
             Entry::Conn(c) => self.poll.registry().deregister(&mut SourceFd(&c.stream.as_raw_fd())),
             Entry::Chan(c) => self.poll.registry().deregister(&mut SourceFd(&c.rx.as_raw_fd())),
+            Entry::Http(c) => self.poll.registry().deregister(&mut SourceFd(&c.stream.as_raw_fd())),
+            Entry::Listener(l) => self.poll.registry().deregister(&mut SourceFd(&l.as_raw_fd())),
         };
         if let Entry::Conn(_) = e {
             // Calls sent to other servers on it: their answers cannot come.
@@ -224,6 +298,15 @@ impl IoThread {
                 }
             }
             Some(Entry::Chan(_)) => self.read_chan(t, hung_up),
+            Some(Entry::Http(_)) => {
+                if writable {
+                    self.flush(t);
+                }
+                if readable {
+                    self.read_http(t);
+                }
+            }
+            Some(Entry::Listener(_)) => self.accept(t),
             None => {}
         }
     }
@@ -677,6 +760,214 @@ impl IoThread {
         self.send_replies(replies);
     }
 
+    // ---- the front door's client connections ----
+
+    fn accept(&mut self, t: Token) {
+        let Some(door) = self.shared.front.get().cloned() else { return };
+        loop {
+            let Some(Entry::Listener(l)) = self.entries.get(&t) else { return };
+            let stream = match l.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of file descriptors, most likely; the listener
+                    // stays readable, so the next event retries.
+                    log::warn!("I/O thread {}: accept: {e}", self.idx);
+                    return;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            // Full: the gateway answers it from its reserve, or closes it.
+            let Some(slot) = door.admit() else {
+                door.hand_over(self.idx, stream, Vec::new());
+                continue;
+            };
+            let c = self.token();
+            let fd = stream.as_raw_fd();
+            if let Err(e) = self.poll.registry().register(&mut SourceFd(&fd), c, Interest::READABLE) {
+                log::error!("registering a client connection: {e}");
+                continue;
+            }
+            let conn = HttpConn {
+                stream,
+                rbuf: Vec::new(),
+                wbuf: Vec::new(),
+                wants_write: false,
+                busy: false,
+                after: After::Serve,
+                heard_ns: sys::clock::monotonic_ns(),
+                read_paused: false,
+                _slot: slot,
+            };
+            self.entries.insert(c, Entry::Http(conn));
+        }
+    }
+
+    /// Reads what a client sent (up to `HTTP_READ_MAX` buffered), then
+    /// serves it if no call of its is in flight.
+    fn read_http(&mut self, t: Token) {
+        let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
+        let max = self.shared.cfg.payload_len_max + api::http::HEAD_MAX;
+        let mut closed = false;
+        let mut chunk = [0u8; 64 * 1024];
+        c.read_paused = false;
+        loop {
+            if c.rbuf.len() >= max {
+                // Edge-triggered: nothing more is reported until this is
+                // read, so resume once the buffer is served.
+                c.read_paused = true;
+                break;
+            }
+            match c.stream.read(&mut chunk[..(max - c.rbuf.len()).min(64 * 1024)]) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                // Not `heard_ns`: a request must be complete within the
+                // idle timeout of the last answer, however it trickles in.
+                Ok(n) => c.rbuf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        self.serve_http(t);
+        if closed {
+            // The client sent all it will: the call it completed, if any,
+            // is answered, then the connection closes. Otherwise a call
+            // running is answered to no one (its answer finds no
+            // connection and is dropped).
+            match self.entries.get_mut(&t) {
+                Some(Entry::Http(c)) if c.busy && c.after == After::Serve => c.after = After::Close,
+                Some(Entry::Http(c)) if c.after == After::HandOver => {}
+                _ => {
+                    self.remove_entry(t);
+                }
+            }
+        }
+    }
+
+    /// Serves the request at the head of a client's buffer if it can: a
+    /// call this door takes, or the connection goes to the gateway.
+    fn serve_http(&mut self, t: Token) {
+        let Some(door) = self.shared.front.get().cloned() else { return };
+        let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
+        if c.busy || c.after != After::Serve || c.rbuf.is_empty() {
+            return;
+        }
+        let max = self.shared.cfg.payload_len_max;
+        let req = match api::http::parse_call(&c.rbuf, max, door.loopback_only()) {
+            api::http::Parsed::Partial => return,
+            api::http::Parsed::HandOver(why) => {
+                log::debug!("front door: handing a connection to the gateway: {why}");
+                return self.hand_over(t);
+            }
+            api::http::Parsed::Call(r) => r,
+        };
+        // Calls to a function not here, or while other engines share the
+        // load, are the gateway's to route.
+        let (Some(func), Some(_)) = (self.shared.function(&req.name), door.sole_engine()) else {
+            return self.hand_over(t);
+        };
+        let input = c.rbuf[req.body.clone()].to_vec();
+        c.rbuf.drain(..req.body.end);
+        c.busy = true;
+        if req.close {
+            c.after = After::Close;
+        }
+        let mut timeout_ms = func.spec.timeout_ms;
+        if req.timeout_ms > 0 {
+            timeout_ms = timeout_ms.min(u64::from(req.timeout_ms));
+        }
+        let deadline_us = sys::clock::unix_us() + timeout_ms * 1000;
+        self.next_seq = self.next_seq.wrapping_add(1);
+        let call_id = self.id_tag | (self.next_seq & 0xffff_ffff);
+        let origin = Origin::Http { thread: self.idx, conn: t, close: req.close };
+        let rec = new_record(func, origin, Payload::Bytes(input), 0, deadline_us);
+        self.submit(call_id, rec);
+    }
+
+    /// Serves what waits on the connections answered in this iteration.
+    fn serve_answered(&mut self) {
+        while let Some(t) = self.answered.pop() {
+            let paused = matches!(self.entries.get(&t), Some(Entry::Http(c)) if c.read_paused);
+            if paused {
+                self.read_http(t);
+            } else {
+                self.serve_http(t);
+            }
+        }
+    }
+
+    /// Gives a client connection to the gateway once what it was answered
+    /// here is written.
+    fn hand_over(&mut self, t: Token) {
+        let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
+        c.after = After::HandOver;
+        if c.wbuf.is_empty() {
+            self.finish_http(t);
+        }
+    }
+
+    /// Ends the front door's part in a connection whose answers are
+    /// written: hands it over, or closes it.
+    fn finish_http(&mut self, t: Token) {
+        let after = match self.entries.get(&t) {
+            // A call of its still runs: its answer goes first.
+            Some(Entry::Http(c)) if !c.busy => c.after,
+            _ => return,
+        };
+        if after == After::Serve {
+            return;
+        }
+        let Some(Entry::Http(c)) = self.remove_entry(t) else { return };
+        // One owner at a time (ARCHITECTURE.md): nothing of it in flight
+        // or unwritten here when the gateway takes it.
+        debug_assert!(!c.busy && c.wbuf.is_empty(), "a connection leaves with a call in flight or unwritten");
+        if after == After::HandOver {
+            if let Some(door) = self.shared.front.get() {
+                door.hand_over(self.idx, c.stream, c.rbuf);
+            }
+        }
+    }
+
+    fn flush_http(&mut self, t: Token) {
+        let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
+        let mut written = 0;
+        let mut failed = false;
+        while written < c.wbuf.len() {
+            match c.stream.write(&c.wbuf[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        c.wbuf.drain(..written);
+        let want = !c.wbuf.is_empty();
+        if want != c.wants_write {
+            c.wants_write = want;
+            let interest = if want { Interest::READABLE | Interest::WRITABLE } else { Interest::READABLE };
+            let fd = c.stream.as_raw_fd();
+            let _ = self.poll.registry().reregister(&mut SourceFd(&fd), t, interest);
+        }
+        if failed {
+            self.remove_entry(t);
+        } else if !want {
+            self.finish_http(t);
+        }
+    }
+
     // ---- gateway connections ----
 
     fn read_conn(&mut self, t: Token) {
@@ -835,12 +1126,26 @@ impl IoThread {
     }
 
     fn queue_write(&mut self, t: Token, bytes: &[u8]) {
-        // The connection may be gone (the gateway went away): drop the reply.
-        if let Some(Entry::Conn(c)) = self.entries.get_mut(&t) {
-            if c.wbuf.is_empty() {
-                self.dirty.push(t);
+        // The connection may be gone (the gateway went away, the client
+        // hung up): drop the reply.
+        match self.entries.get_mut(&t) {
+            Some(Entry::Conn(c)) => {
+                if c.wbuf.is_empty() {
+                    self.dirty.push(t);
+                }
+                c.wbuf.extend_from_slice(bytes);
             }
-            c.wbuf.extend_from_slice(bytes);
+            Some(Entry::Http(c)) => {
+                if c.wbuf.is_empty() {
+                    self.dirty.push(t);
+                }
+                c.wbuf.extend_from_slice(bytes);
+                // Its one call is answered: the next request may be served.
+                c.busy = false;
+                c.heard_ns = sys::clock::monotonic_ns();
+                self.answered.push(t);
+            }
+            _ => {}
         }
     }
 
@@ -851,6 +1156,9 @@ impl IoThread {
     }
 
     fn flush(&mut self, t: Token) {
+        if let Some(Entry::Http(_)) = self.entries.get(&t) {
+            return self.flush_http(t);
+        }
         let Some(Entry::Conn(c)) = self.entries.get_mut(&t) else { return };
         let mut written = 0;
         let mut failed = false;
@@ -876,6 +1184,17 @@ impl IoThread {
             self.remove_entry(t);
         }
     }
+}
+
+/// 24 random bits (from /dev/urandom; the clock if it cannot be read).
+fn random_bits() -> u64 {
+    let mut b = [0u8; 8];
+    let random = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    let bits = match random {
+        Ok(()) => u64::from_le_bytes(b),
+        Err(_) => sys::clock::unix_us() ^ (u64::from(std::process::id()) << 20),
+    };
+    bits & 0xff_ffff
 }
 
 fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, deadline_us: u64) -> CallRecord {

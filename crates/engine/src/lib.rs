@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod awake;
 pub mod build;
 mod calls;
 mod clock;
@@ -12,6 +13,7 @@ mod code;
 pub mod concurrency;
 pub mod config;
 mod error;
+pub mod front;
 mod io_thread;
 mod remote;
 pub mod scheduler;
@@ -36,6 +38,7 @@ use std::time::Duration;
 pub struct Engine {
     pub addr: SocketAddr,
     pool: Option<sandbox::Pool>,
+    shared: Arc<Shared>,
 }
 
 impl Engine {
@@ -47,6 +50,28 @@ impl Engine {
         if let Some(p) = &self.pool {
             p.shutdown();
         }
+    }
+
+    /// Makes the engine the front door for `door`'s external calls: its I/O
+    /// threads accept client connections on `listeners` (one each, in
+    /// turn), answer the calls they can (`front`), and hand everything
+    /// else to the gateway. Once only; later calls are refused.
+    pub fn serve_front(&self, door: Arc<dyn front::FrontDoor>, listeners: Vec<TcpListener>) -> io::Result<()> {
+        if self.shared.front.set(door).is_err() {
+            return Err(io::Error::other("the engine is a front door already"));
+        }
+        for (i, l) in listeners.into_iter().enumerate() {
+            l.set_nonblocking(true)?;
+            // Connections from a client on CPU c go to the listener of
+            // the I/O thread on c, so a call does not cross vCPUs.
+            if let Some(cpu) = self.shared.cpu_of(i) {
+                if let Err(e) = socket2::SockRef::from(&l).set_cpu_affinity(cpu) {
+                    log::warn!("SO_INCOMING_CPU on the front door's listener {i}: {e}");
+                }
+            }
+            self.shared.post(i, Cmd::Listen(l));
+        }
+        Ok(())
     }
 
     /// The isolation pool, for benchmarks and tests.
@@ -83,6 +108,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
     let logs = sandbox::logs::Logs::start("engine-logs")?;
     let (sup_tx, sup_rx) = mpsc::channel();
     let cfg_via = cfg.internal_calls_via.clone();
+    let keep_awake_ms = cfg.keep_awake_ms;
     let shared = Arc::new(Shared {
         cpus,
         cfg,
@@ -99,7 +125,14 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         logs,
         remote: remote::Remote::default(),
         via_gateway: cfg_via.as_deref().map(via_gateway::ViaGateway::new),
+        front: std::sync::OnceLock::new(),
+        awake: Arc::new(awake::Awake::new(keep_awake_ms)),
     });
+    let awake_cpus = match shared.cfg.placement {
+        Placement::Packed => shared.cpus.clone(),
+        Placement::Kernel => Vec::new(),
+    };
+    shared.awake.start(&awake_cpus);
     shared.builds.prepare_go(&shared.cfg);
     for (i, poll) in polls.into_iter().enumerate() {
         let t = io_thread::IoThread::new(i, shared.clone(), poll);
@@ -111,7 +144,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
     std::thread::Builder::new().name("engine-clock".into()).spawn(move || clock::run(s))?;
     let s = shared.clone();
     std::thread::Builder::new().name("engine-accept".into()).spawn(move || accept_loop(s, listener))?;
-    Ok(Engine { addr, pool })
+    Ok(Engine { addr, pool, shared })
 }
 
 /// The directory of the functions' log FIFOs in the IPC directory (a

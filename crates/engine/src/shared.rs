@@ -134,8 +134,20 @@ pub(crate) const CRASH_LOOP_AFTER: u32 = 3;
 
 /// Where a call came from, i.e. where its result goes.
 pub(crate) enum Origin {
-    Gateway { thread: usize, conn: Token },
-    Worker { func: Arc<Function>, tx: Arc<File> },
+    Gateway {
+        thread: usize,
+        conn: Token,
+    },
+    Worker {
+        func: Arc<Function>,
+        tx: Arc<File>,
+    },
+    /// A client connection of the engine's own front door (`front`).
+    Http {
+        thread: usize,
+        conn: Token,
+        close: bool,
+    },
 }
 
 pub(crate) enum Payload {
@@ -234,6 +246,8 @@ pub(crate) enum Cmd {
         conn: Token,
         frame: Vec<u8>,
     },
+    /// Accept client connections on it (the front door).
+    Listen(std::net::TcpListener),
     /// Close gateway connections that have gone silent (from the clock).
     CheckConns,
 }
@@ -273,6 +287,10 @@ pub(crate) struct Shared {
     pub remote: crate::remote::Remote,
     /// With `--internal-calls-via`: where every internal call goes instead.
     pub via_gateway: Option<crate::via_gateway::ViaGateway>,
+    /// The gateway this engine is the front door for (`Engine::serve_front`).
+    pub front: std::sync::OnceLock<Arc<dyn crate::front::FrontDoor>>,
+    /// Keeps the vCPUs from halting while calls come (`awake`).
+    pub awake: Arc<crate::awake::Awake>,
 }
 
 /// Locks a mutex, carrying on if a thread panicked while holding it: every
@@ -677,6 +695,25 @@ impl Shared {
                 }
                 None
             }
+            Origin::Http { thread, conn, close } => {
+                let timing = timing_of(&rec, now);
+                let out = output(call_id, outcome, from_dir);
+                let (label, answer) = match &out {
+                    Ok(b) => ("ok", crate::front::Answer::Ok(b)),
+                    Err((k, m)) => {
+                        let status = k.http_status();
+                        (k.name(), crate::front::Answer::Err { status, kind: k.name(), message: m })
+                    }
+                };
+                let mut engine = None;
+                if let Some(f) = self.front.get() {
+                    let latency_s = now.saturating_sub(rec.recv_ns) as f64 / 1e9;
+                    f.record(thread, &rec.func.spec.name, label, latency_s);
+                    engine = f.sole_engine();
+                }
+                let frame = crate::front::answer(call_id, answer, timing, engine.as_deref(), close);
+                Some(GatewayReply { thread, conn, frame })
+            }
         }
     }
 
@@ -879,19 +916,28 @@ fn timing_of(rec: &CallRecord, now: u64) -> Timing {
     }
 }
 
-/// Builds the `Result`/`Error` frame for a gateway call.
-fn gateway_frame(call_id: u64, outcome: Outcome, timing: Timing, from_dir: Option<&PathBuf>) -> Vec<u8> {
-    let (kind, error_kind, body) = match outcome {
-        Outcome::Ok(Payload::Bytes(b)) => (FrameKind::Result, 0, b),
+/// A call's output bytes (read from its payload file if there is one), or
+/// its error.
+fn output(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>) -> Result<Vec<u8>, (ErrorKind, String)> {
+    match outcome {
+        Outcome::Ok(Payload::Bytes(b)) => Ok(b),
         Outcome::Ok(Payload::Shm(len)) => {
             let name = shm_file_name(call_id, Kind::Completion);
             match from_dir.map(|d| sys::payload::take(d, &name, len)) {
-                Some(Ok(b)) => (FrameKind::Result, 0, b),
-                Some(Err(e)) => (FrameKind::Error, ErrorKind::Internal.code(), format!("reading output: {e}").into()),
-                None => (FrameKind::Error, ErrorKind::Internal.code(), b"output file missing".to_vec()),
+                Some(Ok(b)) => Ok(b),
+                Some(Err(e)) => Err((ErrorKind::Internal, format!("reading output: {e}"))),
+                None => Err((ErrorKind::Internal, "output file missing".into())),
             }
         }
-        Outcome::Err(k, m) => (FrameKind::Error, k.code(), m.into_bytes()),
+        Outcome::Err(k, m) => Err((k, m)),
+    }
+}
+
+/// Builds the `Result`/`Error` frame for a gateway call.
+fn gateway_frame(call_id: u64, outcome: Outcome, timing: Timing, from_dir: Option<&PathBuf>) -> Vec<u8> {
+    let (kind, error_kind, body) = match output(call_id, outcome, from_dir) {
+        Ok(b) => (FrameKind::Result, 0, b),
+        Err((k, m)) => (FrameKind::Error, k.code(), m.into_bytes()),
     };
     let mut h = FrameHeader::new(kind, call_id, body.len());
     h.error_kind = error_kind;

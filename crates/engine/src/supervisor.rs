@@ -596,6 +596,8 @@ impl Supervisor {
                 std::os::unix::fs::chown(&d, Some(c.uid), Some(c.uid))
                     .map_err(Error::io(format!("chown {}", d.display())))?;
             }
+            // Inputs of calls that waited while the last container went.
+            sys::payload::give_all(&f.dir, c.uid).map_err(Error::io("chown queued inputs"))?;
             crate::shared::give_channel(&f.dir, 0, c.uid).map_err(Error::io("chown channel 0"))?;
             let view = crate::code::View::container(cc, &f.deps);
             let cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;

@@ -27,11 +27,7 @@ use wire::ErrorKind;
 
 pub type Resp = Response<Full<Bytes>>;
 
-pub const CALL_ID_HEADER: &str = "x-call-id";
-pub const TIMING_HEADER: &str = "x-staccato-timing";
-pub const TIMEOUT_HEADER: &str = "x-staccato-timeout-ms";
-/// Which engine ran the call (its id in `/system/engines`).
-pub const ENGINE_HEADER: &str = "x-staccato-engine";
+pub use api::http::{CALL_ID_HEADER, ENGINE_HEADER, TIMEOUT_HEADER, TIMING_HEADER};
 
 /// `management_only`: the connection is beyond the connection limit and
 /// may only reach `/system/*`, `/healthz` and `/livez` (calls get 503).
@@ -216,8 +212,7 @@ fn engine_header(r: &mut Resp, engine: Option<&Engine>) {
 }
 
 fn timing_header(t: Timing) -> HeaderValue {
-    let s = format!("queue_us={},exec_us={},cold_us={}", t.queue_us, t.exec_us, t.cold_us);
-    HeaderValue::from_str(&s).expect("ascii digits")
+    HeaderValue::from_str(&api::http::timing_value(t.queue_us, t.exec_us, t.cold_us)).expect("ascii digits")
 }
 
 async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Resp {
@@ -671,7 +666,11 @@ fn store_error(e: &crate::store::StoreError) -> Resp {
 /// An error body. Every 503 (`overloaded`, `engine_unavailable`,
 /// `store_unavailable`) is worth retrying and says when: `Retry-After: 1`.
 pub fn error_resp(status: StatusCode, kind: &str, message: &str, call_id: Option<&str>) -> Resp {
-    let mut r = json_resp(status, &json!({"error": {"kind": kind, "message": message, "call_id": call_id}}));
+    let mut r = Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(api::http::error_body(kind, message, call_id))))
+        .expect("static response parts");
     if status == StatusCode::SERVICE_UNAVAILABLE {
         r.headers_mut().insert(hyper::header::RETRY_AFTER, HeaderValue::from_static("1"));
     }

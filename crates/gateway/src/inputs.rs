@@ -21,23 +21,7 @@ pub fn bearer(h: &HeaderMap) -> &[u8] {
 /// Whether the request names this gateway by a loopback name. A page that
 /// rebinds its own domain to 127.0.0.1 still sends its domain here.
 pub fn loopback_host(h: &HeaderMap) -> bool {
-    let host = match h.get(HOST).map(|h| h.to_str()) {
-        Some(Ok(h)) => h,
-        // HTTP/1.1 requires Host; a request without one is no browser's.
-        None => return true,
-        Some(Err(_)) => return false,
-    };
-    let is_port = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
-    let name = match host.strip_prefix('[') {
-        // `[v6]` or `[v6]:port`, nothing else after the bracket.
-        Some(rest) => match rest.split_once(']') {
-            Some((v6, "")) => v6,
-            Some((v6, after)) if after.strip_prefix(':').is_some_and(is_port) => v6,
-            _ => return false,
-        },
-        None => host.rsplit_once(':').map_or(host, |(n, port)| if is_port(port) { n } else { host }),
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    api::http::loopback_host(h.get(HOST).map(|v| v.as_bytes()))
 }
 
 /// Why a management request looks like it comes from another site's page
@@ -89,10 +73,8 @@ pub fn content_length(h: &HeaderMap) -> Option<u64> {
 /// when absent, else a whole number of milliseconds from 1 up.
 pub fn timeout_ms(h: &HeaderMap) -> Result<u32, BadInput> {
     let Some(v) = h.get(TIMEOUT_HEADER) else { return Ok(0) };
-    match v.to_str().ok().and_then(|s| s.parse::<u32>().ok()) {
-        Some(ms) if ms > 0 => Ok(ms),
-        _ => Err(BadInput::Timeout(String::from_utf8_lossy(v.as_bytes()).into_owned())),
-    }
+    api::http::timeout_ms(v.as_bytes())
+        .ok_or_else(|| BadInput::Timeout(String::from_utf8_lossy(v.as_bytes()).into_owned()))
 }
 
 /// The functions a deploy request names (`{"functions": [spec, ...]}` or

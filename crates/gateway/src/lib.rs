@@ -64,6 +64,10 @@ pub struct GatewayConfig {
     pub idle_timeout: std::time::Duration,
     /// The shared store (`etcd://...`), or `None`: the embedded one.
     pub store_url: Option<String>,
+    /// The listeners are bound here but accepted on by another front door
+    /// (the engine's, in `staccato up`): see [`Gateway::take_listeners`].
+    /// It hands the connections it does not serve to [`Gateway::adopt`].
+    pub front_door_elsewhere: bool,
 }
 
 /// Connections served beyond `connections_max`, for management only: an
@@ -84,6 +88,79 @@ pub enum GatewayError {
 
 pub struct Gateway {
     pub addr: SocketAddr,
+    sh: Arc<GwShared>,
+    /// Per HTTP thread: connections handed over by another front door.
+    adopt: Vec<tokio::sync::mpsc::UnboundedSender<Adopted>>,
+    /// With `front_door_elsewhere`: the listeners, until taken.
+    listeners: std::sync::Mutex<Vec<std::net::TcpListener>>,
+}
+
+/// A client connection another front door read from and hands over, with
+/// the bytes it read and did not answer (a request it leaves to the
+/// gateway, or the start of one).
+struct Adopted {
+    stream: std::net::TcpStream,
+    read: Vec<u8>,
+}
+
+/// A connection's count, held by another front door while it serves it.
+pub struct ConnectionSlot(#[allow(dead_code)] Slot);
+
+impl Gateway {
+    /// The listeners the gateway bound and did not accept on
+    /// (`front_door_elsewhere`), one per HTTP thread, all on `addr`.
+    pub fn take_listeners(&self) -> Vec<std::net::TcpListener> {
+        std::mem::take(&mut *self.listeners.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Serves a connection another front door accepted, from HTTP thread
+    /// `thread` (mod the number of threads) on: `read` is what was read
+    /// from it and not answered. The connection counts as the gateway's
+    /// own from here on (the limit and its management reserve apply).
+    pub fn adopt(&self, thread: usize, stream: std::net::TcpStream, read: Vec<u8>) {
+        let tx = &self.adopt[thread % self.adopt.len()];
+        if tx.send(Adopted { stream, read }).is_err() {
+            log::error!("gateway thread {thread} is gone; closing a connection handed to it");
+        }
+    }
+
+    /// A place among the open connections (`connections_max`) for one
+    /// another front door serves, given back when dropped; `None` when
+    /// the gateway is full (hand the connection over: the gateway answers
+    /// it from its management reserve, or closes it).
+    pub fn admit(&self) -> Option<ConnectionSlot> {
+        if self.sh.connections.fetch_add(1, Ordering::AcqRel) < self.sh.cfg.connections_max {
+            return Some(ConnectionSlot(Slot { sh: self.sh.clone(), reserve: false }));
+        }
+        self.sh.connections.fetch_sub(1, Ordering::AcqRel);
+        None
+    }
+
+    /// Whether the gateway knows exactly one engine: with more, external
+    /// calls are the gateway's to balance between them.
+    pub fn sole_engine(&self) -> Option<String> {
+        let engines = self.sh.engines.snapshot();
+        match engines.as_slice() {
+            [e] => Some(e.id.clone()),
+            _ => None,
+        }
+    }
+
+    /// Records a call another front door answered, in `/metrics`.
+    pub fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64) {
+        self.sh.metrics.record(thread, function, outcome, latency_s);
+    }
+
+    /// Whether the gateway answers only requests addressed to a loopback
+    /// name (it listens on loopback).
+    pub fn loopback_only(&self) -> bool {
+        self.sh.cfg.listen.ip().is_loopback()
+    }
+
+    /// How long a connection may stay silent before its head is complete.
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        self.sh.cfg.idle_timeout
+    }
 }
 
 pub(crate) struct GwShared {
@@ -402,12 +479,29 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     for _ in 1..threads {
         listeners.push(bind(addr).map_err(|e| GatewayError::Listen(addr, e))?);
     }
+    let elsewhere = sh.cfg.front_door_elsewhere;
+    let mut kept = Vec::new();
+    let mut adopt = Vec::new();
     for (i, l) in listeners.into_iter().enumerate() {
         let sh = sh.clone();
         let cpu = sh.cfg.pin_threads.then(|| cpus[i % cpus.len()]);
-        std::thread::Builder::new().name(format!("gateway-{i}")).spawn(move || serve_thread(sh, i, l, cpu))?;
+        // Connections from a client on CPU c go to the thread pinned to c.
+        if let Some(c) = cpu {
+            if let Err(e) = socket2::SockRef::from(&l).set_cpu_affinity(c) {
+                log::warn!("SO_INCOMING_CPU on gateway listener {i}: {e}");
+            }
+        }
+        let l = if elsewhere {
+            kept.push(l);
+            None
+        } else {
+            Some(l)
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        adopt.push(tx);
+        std::thread::Builder::new().name(format!("gateway-{i}")).spawn(move || serve_thread(sh, i, l, rx, cpu))?;
     }
-    Ok(Gateway { addr })
+    Ok(Gateway { addr, sh, adopt, listeners: std::sync::Mutex::new(kept) })
 }
 
 /// A connection's place in the count; given back when it closes.
@@ -461,7 +555,13 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     Ok(s.into())
 }
 
-fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, cpu: Option<usize>) {
+fn serve_thread(
+    sh: Arc<GwShared>,
+    idx: usize,
+    listener: Option<std::net::TcpListener>,
+    mut adopted: tokio::sync::mpsc::UnboundedReceiver<Adopted>,
+    cpu: Option<usize>,
+) {
     if let Some(c) = cpu {
         let _ = sys::cpu::set_affinity(0, &[c]);
     }
@@ -474,7 +574,7 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
     };
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let listener = match tokio::net::TcpListener::from_std(listener) {
+        let listener = match listener.map(tokio::net::TcpListener::from_std).transpose() {
             Ok(l) => l,
             Err(e) => {
                 log::error!("gateway thread {idx}: {e}");
@@ -512,14 +612,32 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
         });
         let started = std::time::Instant::now();
         loop {
-            let stream = match listener.accept().await {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    // Out of file descriptors, most likely: let some close.
-                    log::warn!("gateway thread {idx}: accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    continue;
+            let accepted = async {
+                match &listener {
+                    Some(l) => Some(l.accept().await),
+                    None => std::future::pending().await,
                 }
+            };
+            let (stream, read) = tokio::select! {
+                a = accepted => match a {
+                    Some(Ok((s, _))) => (s, Vec::new()),
+                    Some(Err(e)) => {
+                        // Out of file descriptors, most likely: let some close.
+                        log::warn!("gateway thread {idx}: accept: {e}");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                        continue;
+                    }
+                    None => continue,
+                },
+                a = adopted.recv() => match a.map(|a| (tokio::net::TcpStream::from_std(a.stream), a.read)) {
+                    Some((Ok(s), read)) => (s, read),
+                    Some((Err(e), _)) => {
+                        log::warn!("gateway thread {idx}: a connection handed over: {e}");
+                        continue;
+                    }
+                    // The sender lives as long as the Gateway: none here.
+                    None => std::future::pending().await,
+                },
             };
             let _ = stream.set_nodelay(true);
             let Some(slot) = Slot::take(&sh, started) else { continue };
@@ -534,9 +652,74 @@ fn serve_thread(sh: Arc<GwShared>, idx: usize, listener: std::net::TcpListener, 
                 b.timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(slot.sh.cfg.idle_timeout)
                     .keep_alive(!management_only);
-                let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+                let _ = b.serve_connection(TokioIo::new(Prefixed { read, at: 0, stream }), svc).await;
                 drop(slot);
             });
         }
     });
+}
+
+/// A client connection with bytes already read from it (by another front
+/// door) that are served first.
+struct Prefixed {
+    read: Vec<u8>,
+    at: usize,
+    stream: tokio::net::TcpStream,
+}
+
+impl tokio::io::AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.at < self.read.len() {
+            let n = buf.remaining().min(self.read.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.read[at..at + n]);
+            self.at += n;
+            if self.at == self.read.len() {
+                self.read = Vec::new();
+                self.at = 0;
+            }
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
 }

@@ -360,6 +360,27 @@ pub fn shared_cpu_group(prefix: &str) -> Option<PathBuf> {
     }
 }
 
+/// Moves the calling thread into a CPU group of its own, marked idle
+/// (`cpu.idle`), beside the root's other groups: its threads then yield
+/// to every other task on the machine, whatever group that task is in.
+/// (`SCHED_IDLE` alone yields only within its own group: a group with a
+/// busy idle-policy thread still competes as a whole with the rest, and
+/// a task woken beside it waited up to a tick, 4 ms, here.) v1 only: on
+/// v2 one thread of a process cannot leave its process's group.
+pub fn enter_idle_cpu_group() -> io::Result<()> {
+    if hierarchy() == Hierarchy::V2 {
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "on cgroup v2, threads share their process's group"));
+    }
+    let dir = Path::new(ROOT).join("cpu").join(IDLE_GROUP);
+    fs::create_dir_all(&dir)?;
+    fs::write(dir.join("cpu.idle"), "1")?;
+    // v1: 0 in `tasks` is the writing thread.
+    fs::write(dir.join("tasks"), "0")
+}
+
+/// The idle CPU group of `enter_idle_cpu_group`, shared by every engine.
+const IDLE_GROUP: &str = "staccato-awake";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,6 +37,15 @@ pub enum NetworkArg {
     Isolated,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FrontDoorArg {
+    /// The engine's I/O threads accept client connections and answer
+    /// external calls themselves; the rest goes to the gateway.
+    Engine,
+    /// Every request goes through the gateway, then to the engine.
+    Gateway,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum PlacementArg {
     /// I/O thread i, its workers and gateway thread i share CPU i.
@@ -91,6 +100,13 @@ pub struct EngineArgs {
     /// before sleeping.
     #[arg(long, default_value_t = 30)]
     pub engine_spin_us: u32,
+    /// Milliseconds after the last event during which an idle-priority
+    /// thread per CPU keeps the vCPUs from halting: calls skip a halted
+    /// vCPU's wake-up (tens of µs per hop in a VM), and the host sees
+    /// those vCPUs busy for the whole window. 0 (the default): off. Give
+    /// a window longer than the gaps between your calls (BENCHMARKS.md).
+    #[arg(long, default_value_t = 0)]
+    pub keep_awake_ms: u32,
     /// EMA coefficient for the concurrency hint (Nightcore: 1e-3).
     #[arg(long, default_value_t = 1e-3)]
     pub ema_alpha: f64,
@@ -215,6 +231,12 @@ pub struct UpArgs {
     /// Run in the background; logs go to <state-dir>/staccato.log.
     #[arg(long)]
     pub detach: bool,
+    /// Who parses external calls (`POST /function/NAME`): the engine, one
+    /// hop fewer (management, metrics and anything unusual still reach
+    /// the gateway on the same port); or the gateway, as with engines on
+    /// other servers.
+    #[arg(long, value_enum, default_value = "engine")]
+    pub front_door: FrontDoorArg,
 }
 
 /// `staccato engine`: an engine alone, for gateways on other machines.
@@ -294,7 +316,12 @@ pub fn up(args: UpArgs) -> Result<()> {
     sys::process::block_termination_signals();
     let secret = api::auth::Secret::random().map_err(|e| anyhow!("{e}"))?;
     let (engine, ipc_dir) = start_engine(&args.common, &args.engine, &state, &default_ipc, secret.clone())?;
-    let gw = start_gateway(&args.common, &args.gateway, vec![engine.addr], &state, secret)?;
+    let front = args.front_door == FrontDoorArg::Engine;
+    let gw = Arc::new(start_gateway(&args.common, &args.gateway, vec![engine.addr], &state, secret, front)?);
+    if front {
+        let listeners = gw.take_listeners();
+        engine.serve_front(Arc::new(FrontDoor(gw.clone())), listeners).context("the engine's front door")?;
+    }
     std::fs::write(state.join("staccato.pid"), std::process::id().to_string())?;
     println!(
         "Staccato is up: gateway http://{} (engine {}, IPC {}, state {})",
@@ -521,7 +548,7 @@ pub fn gateway_only(args: GatewayCmd) -> Result<()> {
     let (secret, _) = engine_secret(&args.secret, &state, false).context(
         "the gateway needs the engine's token (--engine-token, STACCATO_ENGINE_TOKEN or --engine-token-file)",
     )?;
-    let gw = start_gateway(&args.common, &args.gateway, args.engine.clone(), &state, secret)?;
+    let gw = start_gateway(&args.common, &args.gateway, args.engine.clone(), &state, secret, false)?;
     let engines: Vec<String> = args.engine.iter().map(ToString::to_string).collect();
     let engines = if engines.is_empty() { "none yet: engines join with --join".into() } else { engines.join(", ") };
     println!("Staccato gateway is up: http://{} (engines: {engines})", gw.addr);
@@ -567,6 +594,10 @@ fn start_engine(
     };
     cfg.worker_spin_us = e.worker_spin_us;
     cfg.engine_spin_us = e.engine_spin_us;
+    if e.keep_awake_ms > 60_000 {
+        bail!("--keep-awake-ms must be at most 60000, got {}", e.keep_awake_ms);
+    }
+    cfg.keep_awake_ms = e.keep_awake_ms;
     cfg.ema_alpha = e.ema_alpha;
     cfg.payload_len_max = c.payload_max;
     cfg.python = e.python.clone();
@@ -669,6 +700,7 @@ fn start_gateway(
     engines: Vec<SocketAddr>,
     state: &Path,
     engine_secret: api::auth::Secret,
+    front_door_elsewhere: bool,
 ) -> Result<gateway::Gateway> {
     check_payload_max(c)?;
     let token = match g.token.clone().filter(|t| !t.is_empty()) {
@@ -692,6 +724,11 @@ fn start_gateway(
     if g.idle_timeout_s.is_zero() || g.idle_timeout_s > Duration::from_secs(3600) {
         bail!("--idle-timeout-s must be between 0 and 3600 seconds, got {:?}", g.idle_timeout_s);
     }
+    if g.gateway_threads.is_some_and(|n| n == 0 || n > 64) {
+        // Call ids keep 6 bits for the thread and tell the engine's front
+        // door's ids by bit 62 (docs/protocol.md, "Call ids").
+        bail!("--gateway-threads must be between 1 and 64, got {}", g.gateway_threads.unwrap_or(0));
+    }
     let cfg = gateway::GatewayConfig {
         connections_max: g.max_connections.clamp(1, fd_room),
         idle_timeout: g.idle_timeout_s,
@@ -704,8 +741,33 @@ fn start_gateway(
         payload_len_max: c.payload_max,
         pin_threads: matches!(c.placement, PlacementArg::Packed),
         store_url: g.store.clone(),
+        front_door_elsewhere,
     };
     gateway::start(cfg).context("starting the gateway")
+}
+
+/// The gateway, as the engine's front door sees it (`--front-door engine`).
+struct FrontDoor(Arc<gateway::Gateway>);
+
+impl engine::front::FrontDoor for FrontDoor {
+    fn admit(&self) -> Option<Box<dyn Send>> {
+        self.0.admit().map(|s| Box::new(s) as Box<dyn Send>)
+    }
+    fn hand_over(&self, thread: usize, stream: std::net::TcpStream, read: Vec<u8>) {
+        self.0.adopt(thread, stream, read);
+    }
+    fn sole_engine(&self) -> Option<String> {
+        self.0.sole_engine()
+    }
+    fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64) {
+        self.0.record(thread, function, outcome, latency_s);
+    }
+    fn loopback_only(&self) -> bool {
+        self.0.loopback_only()
+    }
+    fn idle_timeout(&self) -> Duration {
+        self.0.idle_timeout()
+    }
 }
 
 /// Reads `<state>/<name>`, or creates it with a fresh random token, mode

@@ -31,3 +31,16 @@ pub fn set_affinity(pid: i32, cpus: &[usize]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Makes the calling thread `SCHED_IDLE`: it runs only when nothing else
+/// on its CPU wants to, and any waking thread preempts it at once.
+pub fn set_idle_priority() -> io::Result<()> {
+    // SAFETY: sched_param is a plain struct; SCHED_IDLE requires priority 0.
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `param` is initialised.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -40,9 +40,31 @@ pub fn forward(from_dir: &Path, to_dir: &Path, name: &str) -> io::Result<()> {
     }
     let dest = path(to_dir, name);
     std::fs::rename(path(from_dir, name), &dest)?;
-    let owner = std::fs::metadata(to_dir.join("shm"))?;
-    if std::fs::metadata(&dest)?.uid() != owner.uid() {
+    // The directory changes hands when its function's container is
+    // replaced (`give_all` then gives its files to the new user): look
+    // again after the chown, so a file that arrived meanwhile is not left
+    // to the old one.
+    for _ in 0..3 {
+        let owner = std::fs::metadata(to_dir.join("shm"))?;
+        if std::fs::metadata(&dest)?.uid() == owner.uid() {
+            return Ok(());
+        }
         std::os::unix::fs::chown(&dest, Some(owner.uid()), Some(owner.gid()))?;
+    }
+    Ok(())
+}
+
+/// Gives the payload files in a function's directory to `uid`: those of
+/// calls that waited while its container was replaced belong to the old
+/// container's user, whom the new one is not.
+pub fn give_all(fn_dir: &Path, uid: u32) -> io::Result<()> {
+    for e in std::fs::read_dir(fn_dir.join("shm"))?.flatten() {
+        // lchown: a link a function left is not followed.
+        match std::os::unix::fs::lchown(e.path(), Some(uid), Some(uid)) {
+            // Taken meanwhile (dispatched, or its call ended).
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            other => other?,
+        }
     }
     Ok(())
 }

@@ -1,0 +1,144 @@
+//! The engine's own HTTP front door (`staccato up`): external calls parsed
+//! by the I/O thread that owns the client connection, queued and answered
+//! there, without the hop through the gateway (client → gateway thread →
+//! loopback TCP → engine I/O thread, and back; issue 14 measured that hop
+//! as most of an external call's latency at low load).
+//!
+//! It serves one kind of request only: a plain `POST`/`GET
+//! /function/{name}` over HTTP/1.1 with a `Content-Length` body (or none)
+//! for a function this engine runs, while it is the gateway's only engine.
+//! Everything else — management, metrics, other HTTP forms (chunked
+//! bodies, `Expect`, upgrades, HTTP/1.0), anything malformed or over a
+//! limit, a function that is not here, a request for another host — is
+//! not refused here but handed over with the connection to the gateway
+//! ([`FrontDoor::hand_over`]), whose hyper server answers it as it
+//! answers any client. So this parser needs to recognise the one happy
+//! path exactly and nothing more; its answers carry the same headers and
+//! error bodies as the gateway's (`api::http`).
+
+use std::time::Duration;
+
+/// What the engine needs from the gateway it fronts for.
+pub trait FrontDoor: Send + Sync {
+    /// A place among the gateway's open connections for one served here,
+    /// held until it closes; `None` when the gateway is full.
+    fn admit(&self) -> Option<Box<dyn Send>>;
+    /// Gives the gateway a connection this door does not serve, with the
+    /// bytes read from it and not answered.
+    fn hand_over(&self, thread: usize, stream: std::net::TcpStream, read: Vec<u8>);
+    /// The engine's id if it is the gateway's only engine (calls are then
+    /// served here); `None` when there are others to balance between.
+    fn sole_engine(&self) -> Option<String>;
+    /// Records an answered call in the gateway's metrics.
+    fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64);
+    /// Whether requests must name a loopback host (DNS rebinding).
+    fn loopback_only(&self) -> bool;
+    /// How long a connection may wait without a complete request.
+    fn idle_timeout(&self) -> Duration;
+}
+
+/// How a call ended, for its answer.
+pub(crate) enum Answer<'a> {
+    Ok(&'a [u8]),
+    Err { status: u16, kind: &'static str, message: &'a str },
+}
+
+/// The HTTP answer to a call: the same status, headers and body the
+/// gateway gives (`gateway::http::invoke`).
+pub(crate) fn answer(
+    call_id: u64,
+    answer: Answer<'_>,
+    timing: wire::frame::Timing,
+    engine: Option<&str>,
+    close: bool,
+) -> Vec<u8> {
+    use std::io::Write;
+    let id = format!("{call_id:016x}");
+    let (status, ctype, body) = match answer {
+        Answer::Ok(b) => (200, "application/octet-stream", std::borrow::Cow::Borrowed(b)),
+        Answer::Err { status, kind, message } => {
+            (status, "application/json", std::borrow::Cow::Owned(api::http::error_body(kind, message, Some(&id))))
+        }
+    };
+    let mut out = Vec::with_capacity(256 + body.len());
+    let _ = write!(
+        out,
+        "HTTP/1.1 {status} {}\r\ncontent-type: {ctype}\r\n{}: {id}\r\n{}: {}\r\n",
+        reason(status),
+        api::http::CALL_ID_HEADER,
+        api::http::TIMING_HEADER,
+        api::http::timing_value(timing.queue_us, timing.exec_us, timing.cold_us),
+    );
+    // Engine ids are checked header-safe characters when they join.
+    if let Some(e) = engine {
+        let _ = write!(out, "{}: {e}\r\n", api::http::ENGINE_HEADER);
+    }
+    if status == 503 {
+        out.extend_from_slice(b"retry-after: 1\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    let _ = write!(out, "content-length: {}\r\ndate: {}\r\n\r\n", body.len(), date());
+    out.extend_from_slice(&body);
+    out
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        408 => "Request Timeout",
+        413 => "Payload Too Large",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        507 => "Insufficient Storage",
+        508 => "Loop Detected",
+        _ => "",
+    }
+}
+
+/// The `Date` header's value, formatted once a second per thread.
+fn date() -> String {
+    use std::cell::RefCell;
+    thread_local! {
+        static DATE: RefCell<(u64, String)> = const { RefCell::new((0, String::new())) };
+    }
+    let now = std::time::SystemTime::now();
+    let s = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != s || d.1.is_empty() {
+            *d = (s, httpdate::fmt_http_date(now));
+        }
+        d.1.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_like_the_gateway() {
+        let t = wire::frame::Timing { queue_us: 1, exec_us: 2, cold_us: 0 };
+        let a = String::from_utf8(answer(0xab, Answer::Ok(b"out"), t, Some("e1"), false)).unwrap();
+        assert!(a.starts_with("HTTP/1.1 200 OK\r\n"), "{a}");
+        assert!(a.contains("\r\nx-call-id: 00000000000000ab\r\n"), "{a}");
+        assert!(a.contains("\r\nx-staccato-timing: queue_us=1,exec_us=2,cold_us=0\r\n"), "{a}");
+        assert!(a.contains("\r\nx-staccato-engine: e1\r\n"), "{a}");
+        assert!(a.contains("\r\ncontent-length: 3\r\n") && a.ends_with("\r\n\r\nout"), "{a}");
+        let e = Answer::Err { status: 503, kind: "engine_unavailable", message: "m" };
+        let a = String::from_utf8(answer(1, e, t, None, true)).unwrap();
+        assert!(a.starts_with("HTTP/1.1 503 Service Unavailable\r\n"), "{a}");
+        assert!(a.contains("\r\nretry-after: 1\r\n") && a.contains("\r\nconnection: close\r\n"), "{a}");
+        let body = a.split("\r\n\r\n").nth(1).unwrap();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["kind"], "engine_unavailable");
+        assert_eq!(v["error"]["call_id"], "0000000000000001");
+    }
+}

@@ -1,0 +1,307 @@
+"""The engine's own HTTP front door (`staccato up --front-door engine`, the
+default): external calls parsed and answered by the engine's I/O threads,
+everything else handed with its connection to the gateway.
+
+Who answered is told by the call id: the front door's ids have bit 62 set
+(thread field 0x40 + its I/O thread, docs/protocol.md "Call ids"), the
+gateway's do not. Every test talks raw HTTP over a socket, so what the
+client sends is exactly what the test says.
+"""
+import json
+import socket
+import time
+
+import pytest
+
+from harness import FUNCS, check_error, own_server, request
+
+
+def by_engine(call_id):
+    return (int(call_id, 16) >> 62) & 1 == 1
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    root = tmp_path_factory.mktemp("front")
+    fn = root / "fn"
+    fn.mkdir()
+    for f in ("echo.py", "slow.py", "fail.py"):
+        (fn / f).write_text((FUNCS / "py" / f).read_text())
+    (fn / "staccato.yml").write_text(
+        "functions:\n"
+        "  echo:\n    runtime: python\n    handler: echo:handle\n    max_workers: 8\n"
+        "  slow:\n    runtime: python\n    handler: slow:handle\n    max_workers: 8\n    timeout: 10s\n"
+        "  fail:\n    runtime: python\n    handler: fail:handle\n")
+    with own_server(root / "srv", extra=["--idle-timeout-s", "2"]) as s:
+        s.deploy(fn)
+        yield s
+
+
+class Conn:
+    """A raw HTTP/1.1 client connection that parses what comes back."""
+
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buf = b""
+
+    def send(self, data):
+        self.s.sendall(data)
+
+    def response(self):
+        while b"\r\n\r\n" not in self.buf:
+            chunk = self.s.recv(65536)
+            assert chunk, f"connection closed before a response; got {self.buf!r}"
+            self.buf += chunk
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+        n = int(headers.get("content-length", "0"))
+        while len(self.buf) < n:
+            chunk = self.s.recv(65536)
+            assert chunk, "connection closed mid-body"
+            self.buf += chunk
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return status, headers, body
+
+    def closed_within(self, seconds):
+        self.s.settimeout(seconds)
+        try:
+            return self.s.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except socket.timeout:
+            return False
+
+    def close(self):
+        self.s.close()
+
+
+def call(name, body=b"", extra=""):
+    return (f"POST /function/{name} HTTP/1.1\r\nHost: localhost\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
+            .encode() + body)
+
+
+def test_calls_are_answered_by_the_engine_as_the_gateway_answers_them(srv):
+    c = Conn(srv.port)
+    try:
+        c.send(call("echo", b"hello"))
+        status, h, body = c.response()
+        assert (status, body) == (200, b"hello")
+        assert by_engine(h["x-call-id"]), h
+        assert h["content-type"] == "application/octet-stream"
+        assert h["x-staccato-timing"].startswith("queue_us=") and h["x-staccato-engine"] and h["date"]
+        # A function's error: the gateway's status and JSON body.
+        c.send(call("fail", b"x"))
+        status, h, body = c.response()
+        assert status == 500 and by_engine(h["x-call-id"]), (status, h, body)
+        err = json.loads(body)["error"]
+        assert err["kind"] == "function_error" and err["call_id"] == h["x-call-id"], err
+    finally:
+        c.close()
+    # The metrics count them like the gateway's own.
+    m = srv.get("/metrics").body.decode()
+    assert 'staccato_invocations_total{function="echo",outcome="ok"}' in m, m
+    assert 'staccato_invocations_total{function="fail",outcome="function_error"}' in m, m
+
+
+def test_pipelined_requests_are_answered_in_order(srv):
+    c = Conn(srv.port)
+    try:
+        # The slow one first: the quick ones wait for it (HTTP/1.1 order).
+        c.send(call("slow", b"200") + call("echo", b"one") + call("echo", b"two"))
+        s1, h1, b1 = c.response()
+        s2, h2, b2 = c.response()
+        s3, h3, b3 = c.response()
+        assert (s1, s2, s3) == (200, 200, 200)
+        assert json.loads(b1)["pid"] > 0 and (b2, b3) == (b"one", b"two")
+        assert len({h1["x-call-id"], h2["x-call-id"], h3["x-call-id"]}) == 3
+    finally:
+        c.close()
+
+
+def test_a_request_cut_anywhere_is_still_served(srv):
+    c = Conn(srv.port)
+    try:
+        req = call("echo", b"x" * 3000)
+        for cut in (1, 17, 40, len(req) - 2000, len(req) - 1):
+            c.send(req[:cut])
+            time.sleep(0.02)
+            c.send(req[cut:])
+            status, h, body = c.response()
+            assert (status, body) == (200, b"x" * 3000), cut
+    finally:
+        c.close()
+
+
+def test_management_on_a_calls_connection_goes_to_the_gateway(srv):
+    c = Conn(srv.port)
+    try:
+        c.send(call("echo", b"a"))
+        status, h, _ = c.response()
+        assert status == 200 and by_engine(h["x-call-id"])
+        c.send(f"GET /system/functions/echo HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {srv.token}\r\n\r\n"
+               .encode())
+        status, h, body = c.response()
+        assert status == 200 and json.loads(body)["name"] == "echo", body
+        # The connection is the gateway's from then on, and still serves calls.
+        c.send(call("echo", b"b"))
+        status, h, body = c.response()
+        assert (status, body) == (200, b"b") and not by_engine(h["x-call-id"]), h
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("form,body_expected", [
+    # Chunked bodies are the gateway's to decode.
+    (b"POST /function/echo HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+     b"abc"),
+    # So is Expect: 100-continue (hyper sends the 100 and reads on).
+    (b"POST /function/echo HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
+     b"hi"),
+])
+def test_other_http_forms_are_served_by_the_gateway(srv, form, body_expected):
+    c = Conn(srv.port)
+    try:
+        c.send(form)
+        status, h, body = c.response()
+        if status == 100:
+            status, h, body = c.response()
+        assert (status, body) == (200, body_expected), (status, h, body)
+        assert not by_engine(h["x-call-id"]), h
+    finally:
+        c.close()
+
+
+def test_http_1_0_is_answered_and_closed(srv):
+    c = Conn(srv.port)
+    try:
+        c.send(b"POST /function/echo HTTP/1.0\r\nHost: localhost\r\nContent-Length: 2\r\n\r\nhi")
+        status, h, body = c.response()
+        assert (status, body) == (200, b"hi")
+        assert c.closed_within(5)
+    finally:
+        c.close()
+
+
+def test_connection_close_is_honoured(srv):
+    c = Conn(srv.port)
+    try:
+        c.send(call("echo", b"bye", extra="Connection: close\r\n"))
+        status, h, body = c.response()
+        assert (status, body) == (200, b"bye") and by_engine(h["x-call-id"])
+        assert h.get("connection") == "close", h
+        assert c.closed_within(5), "the connection stayed open after Connection: close"
+    finally:
+        c.close()
+
+
+def test_hostile_requests_get_the_gateways_answers(srv):
+    # A page rebinding its own domain to 127.0.0.1 (DNS rebinding).
+    c = Conn(srv.port)
+    try:
+        c.send(b"POST /function/echo HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 1\r\n\r\nx")
+        status, h, body = c.response()
+        assert status == 403 and json.loads(body)["error"]["kind"] == "forbidden", body
+    finally:
+        c.close()
+    # Over the payload limit, declared up front.
+    r = request(srv.port, "POST", "/function/echo", body=b"", headers={"Content-Length": str(7 << 20)}, timeout=10)
+    check_error(r, 413, "payload_too_large")
+    # Two lengths (request smuggling): hyper refuses it.
+    c = Conn(srv.port)
+    try:
+        c.send(b"POST /function/echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\nContent-Length: 5\r\n\r\nx")
+        status, _, _ = c.response()
+        assert status == 400, status
+    finally:
+        c.close()
+    # Garbage instead of a request line.
+    c = Conn(srv.port)
+    try:
+        c.send(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64 + b"\r\n\r\n")
+        status, _, _ = c.response()
+        assert status == 400, status
+    finally:
+        c.close()
+    # A bad timeout header is the gateway's 400, a good one bounds the call.
+    r = request(srv.port, "POST", "/function/echo", body=b"x", headers={"X-Staccato-Timeout-Ms": "soon"})
+    check_error(r, 400, "bad_request", call_id=False)
+    r = request(srv.port, "POST", "/function/slow", body=b"3000", headers={"X-Staccato-Timeout-Ms": "200"})
+    check_error(r, 504, "timeout")
+    # Unknown functions: the gateway's 404.
+    r = request(srv.port, "POST", "/function/nope", body=b"x")
+    check_error(r, 404, "not_found")
+    # After all that, calls are served as before.
+    assert request(srv.port, "POST", "/function/echo", body=b"ok").body == b"ok"
+
+
+def test_slow_and_silent_clients_are_closed_at_the_idle_timeout(srv):
+    c = Conn(srv.port)
+    try:
+        # A head that trickles in, one byte at a time: closed at the
+        # timeout (2 s) whatever it sends meanwhile.
+        t = time.monotonic()
+        req = call("echo", b"x")
+        closed = False
+        for b in req[:-5]:
+            try:
+                c.send(bytes([b]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.1)
+            if time.monotonic() - t > 8:
+                break
+        assert closed or c.closed_within(3), "a trickling request held its connection"
+        assert time.monotonic() - t < 8
+    finally:
+        c.close()
+
+
+def test_a_client_that_leaves_mid_call_costs_no_one_else(srv):
+    gone = Conn(srv.port)
+    gone.send(call("slow", b"500"))
+    time.sleep(0.1)
+    gone.close()
+    # Others are served meanwhile and after.
+    assert request(srv.port, "POST", "/function/echo", body=b"still").body == b"still"
+    time.sleep(0.6)
+    assert request(srv.port, "POST", "/function/echo", body=b"after").body == b"after"
+    # A client that half-closes after its request still gets the answer.
+    c = Conn(srv.port)
+    try:
+        c.send(call("echo", b"half"))
+        c.s.shutdown(socket.SHUT_WR)
+        status, h, body = c.response()
+        assert (status, body) == (200, b"half")
+        assert c.closed_within(5)
+    finally:
+        c.close()
+
+
+def test_the_gateway_front_door_is_still_there(tmp_path):
+    fn = tmp_path / "fn"
+    fn.mkdir()
+    (fn / "echo.py").write_text((FUNCS / "py" / "echo.py").read_text())
+    (fn / "staccato.yml").write_text("functions:\n  echo:\n    runtime: python\n    handler: echo:handle\n")
+    with own_server(tmp_path / "srv", extra=["--front-door", "gateway", "--isolation", "process"]) as s:
+        s.deploy(fn)
+        r = s.invoke("echo", b"via gateway")
+        assert r.body == b"via gateway" and not by_engine(r.headers["x-call-id"]), r.headers
+
+
+def test_many_connections_at_once(srv):
+    conns = [Conn(srv.port) for _ in range(40)]
+    try:
+        for i, c in enumerate(conns):
+            c.send(call("echo", str(i).encode()))
+        for i, c in enumerate(conns):
+            status, h, body = c.response()
+            assert (status, body) == (200, str(i).encode())
+    finally:
+        for c in conns:
+            c.close()
