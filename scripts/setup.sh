@@ -22,6 +22,8 @@ command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v memcached >/dev/null 2>&1 || need_apt+=(memcached)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+# bench/front_ab.sh's throughput runs.
+command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> apt-get install ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi

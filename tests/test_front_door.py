@@ -305,3 +305,56 @@ def test_many_connections_at_once(srv):
     finally:
         for c in conns:
             c.close()
+
+
+def rss_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_pipelines_and_never_reads_holds_one_answer(srv):
+    """Backpressure: the next pipelined call is served only once the last
+    answer is written, so a client that sends and never reads cannot make
+    the engine hold an answer per request."""
+    import threading
+    body = b"y" * (1 << 20)
+    n = 48
+    c = Conn(srv.port)
+    before = rss_kb(srv.proc.pid)
+    sender = threading.Thread(target=lambda: c.send(call("echo", body) * n), daemon=True)
+    sender.start()
+    time.sleep(3)  # the engine serves until the client's receive buffer is full
+    grown_mb = (rss_kb(srv.proc.pid) - before) / 1024
+    # Without backpressure every answer waited in memory: 48 MiB.
+    assert grown_mb < 24, f"the engine grew by {grown_mb:.0f} MiB for a client that does not read"
+    try:
+        for _ in range(n):
+            status, _, got = c.response()
+            assert (status, len(got)) == (200, len(body))
+        sender.join(10)
+    finally:
+        c.close()
+
+
+def test_an_answer_reaches_a_client_that_closed_its_side_after_connection_close(srv):
+    c = Conn(srv.port)
+    try:
+        c.send(call("slow", b"100", extra="Connection: close\r\n"))
+        c.s.shutdown(socket.SHUT_WR)
+        status, h, body = c.response()
+        assert status == 200 and json.loads(body)["pid"] > 0, (status, body)
+        assert c.closed_within(5)
+    finally:
+        c.close()
+    # Pipelined requests, then the end of file: every one is answered.
+    c = Conn(srv.port)
+    try:
+        c.send(call("echo", b"1") + call("slow", b"50") + call("echo", b"3"))
+        c.s.shutdown(socket.SHUT_WR)
+        got = [c.response() for _ in range(3)]
+        assert [g[0] for g in got] == [200, 200, 200] and got[0][2] == b"1" and got[2][2] == b"3", got
+        assert c.closed_within(5)
+    finally:
+        c.close()

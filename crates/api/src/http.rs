@@ -61,8 +61,10 @@ pub struct CallRequest {
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Parsed {
-    /// Not all of the request is here yet.
+    /// Not all of the request's head is here yet.
     Partial,
+    /// The head of a call is, not all of its body yet.
+    PartialBody,
     /// A call this door serves.
     Call(CallRequest),
     /// Anything else: the gateway's. Says why (for the debug log).
@@ -136,7 +138,7 @@ pub fn parse_call(buf: &[u8], payload_max: usize, loopback_only: bool) -> Parsed
     }
     let end = head_len + length as usize;
     if buf.len() < end {
-        return Parsed::Partial;
+        return Parsed::PartialBody;
     }
     Parsed::Call(CallRequest { name: name.to_string(), body: head_len..end, timeout_ms: timeout, close })
 }
@@ -193,8 +195,10 @@ mod tests {
     #[test]
     fn waits_for_the_whole_request() {
         let r = "POST /function/nop HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc";
+        let head = r.len() - 3;
         for cut in 1..r.len() {
-            assert_eq!(call(&r[..cut]), Parsed::Partial, "{cut}");
+            let want = if cut < head { Parsed::Partial } else { Parsed::PartialBody };
+            assert_eq!(call(&r[..cut]), want, "{cut}");
         }
     }
 

@@ -59,10 +59,15 @@ struct HttpConn {
     busy: bool,
     /// Once `wbuf` is written: give it to the gateway (`Some`) or close it.
     after: After,
-    /// When it last sent anything, or was last answered (monotonic ns).
+    /// When it was accepted, last answered, or last sent some of a body
+    /// (monotonic ns): a request head must be complete within the idle
+    /// timeout of it, however it trickles in.
     heard_ns: u64,
-    /// Reading stopped at `HTTP_READ_MAX` bytes; resume when served.
+    /// Reading stopped at its limit; resume when served.
     read_paused: bool,
+    /// The client sent all it will (end of file): close once what it
+    /// sent is answered.
+    eof: bool,
     /// Its place among the gateway's connections.
     _slot: Box<dyn Send>,
 }
@@ -152,8 +157,12 @@ impl IoThread {
                 }
                 self.shared.awake.saw_events(now);
             }
-            self.serve_answered();
-            self.flush_dirty();
+            // Serving may answer at once, and a written answer may let the
+            // next request be served: until both are done.
+            while !self.answered.is_empty() || !self.dirty.is_empty() {
+                self.serve_answered();
+                self.flush_dirty();
+            }
         }
     }
 
@@ -239,7 +248,7 @@ impl IoThread {
                 Entry::Conn(c) if now.saturating_sub(c.heard_ns) > max => Some(*t),
                 // A client that sends no complete request for this long
                 // (idle between calls, or sending a head too slowly).
-                Entry::Http(c) if !c.busy && now.saturating_sub(c.heard_ns) > idle_max => {
+                Entry::Http(c) if !c.busy && c.wbuf.is_empty() && now.saturating_sub(c.heard_ns) > idle_max => {
                     idle.push(*t);
                     None
                 }
@@ -252,6 +261,13 @@ impl IoThread {
         }
         for t in idle {
             self.remove_entry(t);
+        }
+        // Edge-triggered: a listener whose accept failed (out of file
+        // descriptors) reports nothing until the next connection comes.
+        let listeners: Vec<Token> =
+            self.entries.iter().filter_map(|(t, e)| matches!(e, Entry::Listener(_)).then_some(*t)).collect();
+        for t in listeners {
+            self.accept(t);
         }
     }
 
@@ -771,8 +787,8 @@ impl IoThread {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    // Out of file descriptors, most likely; the listener
-                    // stays readable, so the next event retries.
+                    // Out of file descriptors, most likely: retried with
+                    // the connection checks (`close_silent_conns`).
                     log::warn!("I/O thread {}: accept: {e}", self.idx);
                     return;
                 }
@@ -801,6 +817,7 @@ impl IoThread {
                 after: After::Serve,
                 heard_ns: sys::clock::monotonic_ns(),
                 read_paused: false,
+                eof: false,
                 _slot: slot,
             };
             self.entries.insert(c, Entry::Http(conn));
@@ -812,7 +829,7 @@ impl IoThread {
     fn read_http(&mut self, t: Token) {
         let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
         let max = self.shared.cfg.payload_len_max + api::http::HEAD_MAX;
-        let mut closed = false;
+        let mut failed = false;
         let mut chunk = [0u8; 64 * 1024];
         c.read_paused = false;
         loop {
@@ -824,34 +841,26 @@ impl IoThread {
             }
             match c.stream.read(&mut chunk[..(max - c.rbuf.len()).min(64 * 1024)]) {
                 Ok(0) => {
-                    closed = true;
+                    c.eof = true;
                     break;
                 }
-                // Not `heard_ns`: a request must be complete within the
-                // idle timeout of the last answer, however it trickles in.
                 Ok(n) => c.rbuf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => {
-                    closed = true;
+                    failed = true;
                     break;
                 }
             }
         }
-        self.serve_http(t);
-        if closed {
-            // The client sent all it will: the call it completed, if any,
-            // is answered, then the connection closes. Otherwise a call
-            // running is answered to no one (its answer finds no
-            // connection and is dropped).
-            match self.entries.get_mut(&t) {
-                Some(Entry::Http(c)) if c.busy && c.after == After::Serve => c.after = After::Close,
-                Some(Entry::Http(c)) if c.after == After::HandOver => {}
-                _ => {
-                    self.remove_entry(t);
-                }
-            }
+        if failed {
+            // Reset: nothing can be answered. A call running is answered
+            // to no one (its answer finds no connection and is dropped).
+            self.remove_entry(t);
+            return;
         }
+        self.serve_http(t);
+        self.settle_http(t);
     }
 
     /// Serves the request at the head of a client's buffer if it can: a
@@ -859,12 +868,21 @@ impl IoThread {
     fn serve_http(&mut self, t: Token) {
         let Some(door) = self.shared.front.get().cloned() else { return };
         let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
-        if c.busy || c.after != After::Serve || c.rbuf.is_empty() {
+        // One call at a time, and the next only once the last answer is
+        // written: a client that pipelines and never reads holds one
+        // answer here, not one per request.
+        if c.busy || c.after != After::Serve || c.rbuf.is_empty() || !c.wbuf.is_empty() {
             return;
         }
         let max = self.shared.cfg.payload_len_max;
         let req = match api::http::parse_call(&c.rbuf, max, door.loopback_only()) {
             api::http::Parsed::Partial => return,
+            api::http::Parsed::PartialBody => {
+                // A body on its way: progress, as for the gateway (whose
+                // timeout covers heads only).
+                c.heard_ns = sys::clock::monotonic_ns();
+                return;
+            }
             api::http::Parsed::HandOver(why) => {
                 log::debug!("front door: handing a connection to the gateway: {why}");
                 return self.hand_over(t);
@@ -894,7 +912,8 @@ impl IoThread {
         self.submit(call_id, rec);
     }
 
-    /// Serves what waits on the connections answered in this iteration.
+    /// Serves what waits on the connections answered, or whose answers
+    /// were written, in this iteration.
     fn serve_answered(&mut self) {
         while let Some(t) = self.answered.pop() {
             let paused = matches!(self.entries.get(&t), Some(Entry::Http(c)) if c.read_paused);
@@ -902,6 +921,7 @@ impl IoThread {
                 self.read_http(t);
             } else {
                 self.serve_http(t);
+                self.settle_http(t);
             }
         }
     }
@@ -911,22 +931,21 @@ impl IoThread {
     fn hand_over(&mut self, t: Token) {
         let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
         c.after = After::HandOver;
-        if c.wbuf.is_empty() {
-            self.finish_http(t);
-        }
+        self.settle_http(t);
     }
 
-    /// Ends the front door's part in a connection whose answers are
-    /// written: hands it over, or closes it.
-    fn finish_http(&mut self, t: Token) {
+    /// Once a connection has no call in flight and its answers are
+    /// written: hands it over, closes it, or (a client that sent its end
+    /// of file, with nothing more to serve) closes it.
+    fn settle_http(&mut self, t: Token) {
         let after = match self.entries.get(&t) {
-            // A call of its still runs: its answer goes first.
-            Some(Entry::Http(c)) if !c.busy => c.after,
+            Some(Entry::Http(c)) if !c.busy && c.wbuf.is_empty() => match c.after {
+                After::Serve if c.eof => After::Close,
+                After::Serve => return,
+                a => a,
+            },
             _ => return,
         };
-        if after == After::Serve {
-            return;
-        }
         let Some(Entry::Http(c)) = self.remove_entry(t) else { return };
         // One owner at a time (ARCHITECTURE.md): nothing of it in flight
         // or unwritten here when the gateway takes it.
@@ -964,7 +983,8 @@ impl IoThread {
         if failed {
             self.remove_entry(t);
         } else if !want {
-            self.finish_http(t);
+            // Written: serve what waits, or let it go (`serve_answered`).
+            self.answered.push(t);
         }
     }
 
