@@ -17,8 +17,8 @@
 //! The cost is the host's CPU time: a vCPU kept awake is busy to the
 //! hypervisor, and so off by default (`--keep-awake-ms 0`). Measured here
 //! (BENCHMARKS.md, "Keeping vCPUs awake"): C nop at 100 calls/s, pinned
-//! to one vCPU, p50 265 µs without, 95 µs with a window of 1 s (plain HTTP
-//! server: 79); but a window shorter than the gaps between calls (20 ms at
+//! to one vCPU, p50 277 µs without, 77 µs with a window of 1 s (plain HTTP
+//! server: 76-82); but a window shorter than the gaps between calls (20 ms at
 //! 100/s) made the p99 2-5 ms: a vCPU that halts right after a busy
 //! period is, it seems, woken late by the host's scheduler (the same
 //! with pollers that sleep-poll instead of being woken, so it is not the
