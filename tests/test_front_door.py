@@ -79,6 +79,12 @@ class Conn:
     def close(self):
         self.s.close()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 def call(name, body=b"", extra=""):
     return (f"POST /function/{name} HTTP/1.1\r\nHost: localhost\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
@@ -86,8 +92,7 @@ def call(name, body=b"", extra=""):
 
 
 def test_calls_are_answered_by_the_engine_as_the_gateway_answers_them(srv):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(call("echo", b"hello"))
         status, h, body = c.response()
         assert (status, body) == (200, b"hello")
@@ -100,8 +105,6 @@ def test_calls_are_answered_by_the_engine_as_the_gateway_answers_them(srv):
         assert status == 500 and by_engine(h["x-call-id"]), (status, h, body)
         err = json.loads(body)["error"]
         assert err["kind"] == "function_error" and err["call_id"] == h["x-call-id"], err
-    finally:
-        c.close()
     # The metrics count them like the gateway's own.
     m = srv.get("/metrics").body.decode()
     assert 'staccato_invocations_total{function="echo",outcome="ok"}' in m, m
@@ -109,8 +112,7 @@ def test_calls_are_answered_by_the_engine_as_the_gateway_answers_them(srv):
 
 
 def test_pipelined_requests_are_answered_in_order(srv):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         # The slow one first: the quick ones wait for it (HTTP/1.1 order).
         c.send(call("slow", b"200") + call("echo", b"one") + call("echo", b"two"))
         s1, h1, b1 = c.response()
@@ -119,13 +121,10 @@ def test_pipelined_requests_are_answered_in_order(srv):
         assert (s1, s2, s3) == (200, 200, 200)
         assert json.loads(b1)["pid"] > 0 and (b2, b3) == (b"one", b"two")
         assert len({h1["x-call-id"], h2["x-call-id"], h3["x-call-id"]}) == 3
-    finally:
-        c.close()
 
 
 def test_a_request_cut_anywhere_is_still_served(srv):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         req = call("echo", b"x" * 3000)
         for cut in (1, 17, 40, len(req) - 2000, len(req) - 1):
             c.send(req[:cut])
@@ -133,13 +132,10 @@ def test_a_request_cut_anywhere_is_still_served(srv):
             c.send(req[cut:])
             status, h, body = c.response()
             assert (status, body) == (200, b"x" * 3000), cut
-    finally:
-        c.close()
 
 
 def test_management_on_a_calls_connection_goes_to_the_gateway(srv):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(call("echo", b"a"))
         status, h, _ = c.response()
         assert status == 200 and by_engine(h["x-call-id"])
@@ -151,8 +147,6 @@ def test_management_on_a_calls_connection_goes_to_the_gateway(srv):
         c.send(call("echo", b"b"))
         status, h, body = c.response()
         assert (status, body) == (200, b"b") and not by_engine(h["x-call-id"]), h
-    finally:
-        c.close()
 
 
 @pytest.mark.parametrize("form,body_expected", [
@@ -164,69 +158,51 @@ def test_management_on_a_calls_connection_goes_to_the_gateway(srv):
      b"hi"),
 ])
 def test_other_http_forms_are_served_by_the_gateway(srv, form, body_expected):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(form)
         status, h, body = c.response()
         if status == 100:
             status, h, body = c.response()
         assert (status, body) == (200, body_expected), (status, h, body)
         assert not by_engine(h["x-call-id"]), h
-    finally:
-        c.close()
 
 
 def test_http_1_0_is_answered_and_closed(srv):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(b"POST /function/echo HTTP/1.0\r\nHost: localhost\r\nContent-Length: 2\r\n\r\nhi")
         status, h, body = c.response()
         assert (status, body) == (200, b"hi")
         assert c.closed_within(5)
-    finally:
-        c.close()
 
 
 def test_connection_close_is_honoured(srv):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(call("echo", b"bye", extra="Connection: close\r\n"))
         status, h, body = c.response()
         assert (status, body) == (200, b"bye") and by_engine(h["x-call-id"])
         assert h.get("connection") == "close", h
         assert c.closed_within(5), "the connection stayed open after Connection: close"
-    finally:
-        c.close()
 
 
 def test_hostile_requests_get_the_gateways_answers(srv):
     # A page rebinding its own domain to 127.0.0.1 (DNS rebinding).
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(b"POST /function/echo HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 1\r\n\r\nx")
         status, h, body = c.response()
         assert status == 403 and json.loads(body)["error"]["kind"] == "forbidden", body
-    finally:
-        c.close()
     # Over the payload limit, declared up front.
     r = request(srv.port, "POST", "/function/echo", body=b"", headers={"Content-Length": str(7 << 20)}, timeout=10)
     check_error(r, 413, "payload_too_large")
     # Two lengths (request smuggling): hyper refuses it.
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(b"POST /function/echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\nContent-Length: 5\r\n\r\nx")
         status, _, _ = c.response()
         assert status == 400, status
-    finally:
-        c.close()
     # Garbage instead of a request line.
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64 + b"\r\n\r\n")
         status, _, _ = c.response()
         assert status == 400, status
-    finally:
-        c.close()
     # A bad timeout header is the gateway's 400, a good one bounds the call.
     r = request(srv.port, "POST", "/function/echo", body=b"x", headers={"X-Staccato-Timeout-Ms": "soon"})
     check_error(r, 400, "bad_request", call_id=False)
@@ -240,8 +216,7 @@ def test_hostile_requests_get_the_gateways_answers(srv):
 
 
 def test_slow_and_silent_clients_are_closed_at_the_idle_timeout(srv):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         # A head that trickles in, one byte at a time: closed at the
         # timeout (2 s) whatever it sends meanwhile.
         t = time.monotonic()
@@ -258,8 +233,6 @@ def test_slow_and_silent_clients_are_closed_at_the_idle_timeout(srv):
                 break
         assert closed or c.closed_within(3), "a trickling request held its connection"
         assert time.monotonic() - t < 8
-    finally:
-        c.close()
 
 
 def test_a_client_that_leaves_mid_call_costs_no_one_else(srv):
@@ -272,15 +245,12 @@ def test_a_client_that_leaves_mid_call_costs_no_one_else(srv):
     time.sleep(0.6)
     assert request(srv.port, "POST", "/function/echo", body=b"after").body == b"after"
     # A client that half-closes after its request still gets the answer.
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(call("echo", b"half"))
         c.s.shutdown(socket.SHUT_WR)
         status, h, body = c.response()
         assert (status, body) == (200, b"half")
         assert c.closed_within(5)
-    finally:
-        c.close()
 
 
 def test_the_gateway_front_door_is_still_there(tmp_path):
@@ -339,22 +309,16 @@ def test_a_client_that_pipelines_and_never_reads_holds_one_answer(srv):
 
 
 def test_an_answer_reaches_a_client_that_closed_its_side_after_connection_close(srv):
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(call("slow", b"100", extra="Connection: close\r\n"))
         c.s.shutdown(socket.SHUT_WR)
         status, h, body = c.response()
         assert status == 200 and json.loads(body)["pid"] > 0, (status, body)
         assert c.closed_within(5)
-    finally:
-        c.close()
     # Pipelined requests, then the end of file: every one is answered.
-    c = Conn(srv.port)
-    try:
+    with Conn(srv.port) as c:
         c.send(call("echo", b"1") + call("slow", b"50") + call("echo", b"3"))
         c.s.shutdown(socket.SHUT_WR)
         got = [c.response() for _ in range(3)]
         assert [g[0] for g in got] == [200, 200, 200] and got[0][2] == b"1" and got[2][2] == b"3", got
         assert c.closed_within(5)
-    finally:
-        c.close()

@@ -959,20 +959,7 @@ impl IoThread {
 
     fn flush_http(&mut self, t: Token) {
         let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
-        let mut written = 0;
-        let mut failed = false;
-        while written < c.wbuf.len() {
-            match c.stream.write(&c.wbuf[written..]) {
-                Ok(n) => written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    failed = true;
-                    break;
-                }
-            }
-        }
-        c.wbuf.drain(..written);
+        let failed = write_out(&mut c.stream, &mut c.wbuf).is_err();
         let want = !c.wbuf.is_empty();
         if want != c.wants_write {
             c.wants_write = want;
@@ -1180,20 +1167,7 @@ impl IoThread {
             return self.flush_http(t);
         }
         let Some(Entry::Conn(c)) = self.entries.get_mut(&t) else { return };
-        let mut written = 0;
-        let mut failed = false;
-        while written < c.wbuf.len() {
-            match c.stream.write(&c.wbuf[written..]) {
-                Ok(n) => written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    failed = true;
-                    break;
-                }
-            }
-        }
-        c.wbuf.drain(..written);
+        let failed = write_out(&mut c.stream, &mut c.wbuf).is_err();
         let want = !c.wbuf.is_empty();
         if want != c.wants_write {
             c.wants_write = want;
@@ -1204,6 +1178,26 @@ impl IoThread {
             self.remove_entry(t);
         }
     }
+}
+
+/// Writes what `wbuf` holds until the socket would block, keeping the
+/// rest; an error means the connection is broken.
+fn write_out(stream: &mut impl Write, wbuf: &mut Vec<u8>) -> io::Result<()> {
+    let mut written = 0;
+    let mut result = Ok(());
+    while written < wbuf.len() {
+        match stream.write(&wbuf[written..]) {
+            Ok(n) => written += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    wbuf.drain(..written);
+    result
 }
 
 /// 24 random bits (from /dev/urandom; the clock if it cannot be read).
