@@ -96,6 +96,42 @@ def test_runs_unprivileged_in_its_own_namespaces(iso):
     assert out["personality"] == "EPERM" and out["move_pages"] == "EPERM" and out["io_uring"] == "EPERM", out
 
 
+def nice_of(pid):
+    """A process's nice value (field 19 of /proc/PID/stat), None if gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_pool_waits_in_the_background_and_functions_run_at_normal_priority(tmp_path):
+    """Making and resetting pooled containers (runc, a warm interpreter's
+    imports) runs at nice 19 so it never delays a function starting; a
+    container given to a function is back at 0, whichever way its launcher
+    started (the warm Python interpreter, or init for Node.js)."""
+    extra = ["--isolation", "container", "--pool-size", "2", "--no-pause"]
+    with own_server(tmp_path, extra=extra) as srv:
+        srv.wait_pool(2)
+        pid = str(srv.proc.pid)
+        prefix = [p.name[:-len(".lock")] for p in Path("/run/staccato/engines").glob("s*.lock")
+                  if p.read_text().strip() == pid][0]
+        idle = [p for i in range(2) for p in container_pids(f"{prefix}-{i}")]
+        assert idle and all(nice_of(p) == 19 for p in idle), [(p, nice_of(p)) for p in idle]
+        srv.deploy(ISO)
+        node = Path(__file__).resolve().parent.parent / "bench" / "functions" / "node"
+        srv.deploy(node)
+        for fn in ("probe", "bench-nop-node"):
+            assert srv.invoke(fn, b"{}" if fn == "probe" else b"").status == 200
+            cid = srv.container(fn)
+            pids = container_pids(cid)
+            assert len(pids) >= 2, (fn, pids)  # init and the launcher at least
+            assert all(nice_of(p) in (0, None) for p in pids), (fn, [(p, nice_of(p)) for p in pids])
+        # The pool refills in the background again.
+        made = wait_for(lambda: any(nice_of(p) == 19 for i in range(2, 12)
+                                    for p in container_pids(f"{prefix}-{i}")), timeout=30)
+        assert made, "no refilled container at nice 19"
+
+
 @pytest.mark.skipif(cgroups.V2, reason="cgroup v1 only: on v2 a process's CPU group is its memory group")
 def test_cpu_group_shared_with_the_engine_unless_a_share_is_asked(iso):
     probe(iso)

@@ -333,7 +333,11 @@ pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, view: &V
         }
         Runtime::Node => {
             let mut cmd = Command::new(&view.node);
-            cmd.arg(view.runtimes.join("node/launcher.mjs")).env("STACCATO_HANDLER", spec.handler_or_default());
+            // --expose-gc: for the launcher's warm-up before its hello
+            // (runtime.mjs warmUp), hidden from handlers.
+            cmd.arg("--expose-gc")
+                .arg(view.runtimes.join("node/launcher.mjs"))
+                .env("STACCATO_HANDLER", spec.handler_or_default());
             cmd
         }
         Runtime::Go => Command::new(code_dir.join(GO_WORKER)),

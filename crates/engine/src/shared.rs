@@ -263,6 +263,9 @@ pub(crate) enum SupervisorCmd {
     Control(Box<api::control::Request>, Vec<u8>, Sender<Result<api::control::Reply, api::control::Refusal>>),
     /// A deploy's build finished on its own thread.
     Built(Box<crate::supervisor::Built>),
+    /// A launcher started on its own thread (None: it failed, or its
+    /// function was retired meanwhile and it is already stopped).
+    Launched(Arc<Function>, Option<crate::supervisor::Launched>),
 }
 
 pub(crate) struct Shared {

@@ -57,6 +57,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
                 }
             },
             Ok(SupervisorCmd::Built(b)) => sup.built(*b),
+            Ok(SupervisorCmd::Launched(f, launched)) => sup.launched(f, launched),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
@@ -527,134 +528,32 @@ impl Supervisor {
         self.remove_code(&f.spec.name, &f.code_dir);
     }
 
+    /// Starts `f`'s launcher on a thread of its own: taking a container
+    /// (a runc run, ~100 ms, when the pool has none ready), mounting and
+    /// starting in it take milliseconds, and other functions' starts,
+    /// deploys and reaping must not queue behind them. The thread hands the
+    /// process back as [`SupervisorCmd::Launched`], to be reaped here.
     fn start_launcher(&mut self, f: &Arc<Function>) {
-        match self.spawn_launcher(f) {
-            Ok(()) => {}
-            Err(e) => {
-                log::error!("{}: starting launcher: {e}", f.spec.name);
-                {
-                    let mut core = f.lock_core();
-                    core.launcher.state = LauncherState::Down;
-                    core.launcher.failed_at = Some(Instant::now());
-                    core.launcher.last_error = e.to_string();
-                }
-                for r in self.shared.pump(f, 0) {
-                    self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
-                }
-            }
+        let (shared, func) = (self.shared.clone(), f.clone());
+        let tx = crate::shared::lock(&self.shared.supervisor).clone();
+        let spawned = std::thread::Builder::new().name("engine-start".into()).spawn(move || {
+            let launched = launch(&shared, &func);
+            let _ = tx.send(SupervisorCmd::Launched(func, launched));
+        });
+        if let Err(e) = spawned {
+            log::warn!("{}: no thread to start its launcher on ({e}); starting it here", f.spec.name);
+            let launched = launch(&self.shared, f);
+            self.launched(f.clone(), launched);
         }
     }
 
-    fn spawn_launcher(&mut self, f: &Arc<Function>) -> crate::Result<()> {
-        let cfg = &self.shared.cfg;
-        fs::create_dir_all(f.dir.join("shm")).map_err(Error::io(format!("creating {}", f.dir.display())))?;
-        let ch = sys::channel::EngineChannel::create(&f.dir, 0).map_err(Error::io("creating the launcher channel"))?;
-        if let (Some(pool), Some(cc)) = (self.shared.pool.clone(), cfg.containers.clone()) {
-            return self.spawn_in_container(f, ch, pool, &cc);
+    /// A launcher started by `launch`: watched from now on.
+    fn launched(&mut self, f: Arc<Function>, launched: Option<Launched>) {
+        match launched {
+            Some(Launched::Process(child)) => self.children.push((child, f)),
+            Some(Launched::Contained(c, pid)) => self.contained.push((c, pid, f)),
+            None => {}
         }
-        let writer = || f.log.writer().map_err(Error::io(format!("opening {}", f.log.fifo().display())));
-        let view = crate::code::View::host(cfg, &f.code_dir, &f.deps);
-        let mut cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
-        cmd.envs(&f.spec.env)
-            .env("STACCATO_FUNCTION", &f.spec.name)
-            .env("STACCATO_IPC_DIR", &f.dir)
-            .env("STACCATO_PAYLOAD_MAX", cfg.payload_len_max.to_string())
-            .env("STACCATO_SPIN_US", cfg.worker_spin_us_for(f.spec.runtime, self.shared.cpus.len()).to_string())
-            .stdin(Stdio::null())
-            .stdout(writer()?)
-            .stderr(writer()?);
-        sys::process::kill_child_with_parent(&mut cmd);
-        let child = cmd.spawn().map_err(Error::io(format!("running {:?}", cmd.get_program())))?;
-        let pid = child.id();
-        self.children.push((child, f.clone()));
-        {
-            let mut core = f.lock_core();
-            core.launcher.state = LauncherState::Starting;
-            core.launcher.tx = Some(Arc::new(ch.tx));
-            core.launcher.pid = pid;
-        }
-        let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % self.shared.mailboxes.len();
-        f.lock_core().launcher.owner = owner;
-        self.shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
-        Ok(())
-    }
-
-    /// Starts the launcher in a container from the isolation pool: no runc
-    /// command on this path (Nuka §III.A).
-    fn spawn_in_container(
-        &mut self,
-        f: &Arc<Function>,
-        ch: sys::channel::EngineChannel,
-        pool: sandbox::Pool,
-        cc: &crate::config::ContainerConfig,
-    ) -> crate::Result<()> {
-        use crate::config::{CONTAINER_CODE, CONTAINER_IPC};
-        let cfg = &self.shared.cfg;
-        let c = pool.take(f.spec.runtime == crate::spec::Runtime::Python)?;
-        let start = (|| -> crate::Result<u32> {
-            for d in [f.dir.clone(), f.dir.join("shm")] {
-                std::os::unix::fs::chown(&d, Some(c.uid), Some(c.uid))
-                    .map_err(Error::io(format!("chown {}", d.display())))?;
-            }
-            // Inputs of calls that waited while the last container went.
-            sys::payload::give_all(&f.dir, c.uid).map_err(Error::io("chown queued inputs"))?;
-            crate::shared::give_channel(&f.dir, 0, c.uid).map_err(Error::io("chown channel 0"))?;
-            let view = crate::code::View::container(cc, &f.deps);
-            let cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
-            let mut env: Vec<(String, String)> = vec![
-                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-                ("HOME".into(), "/tmp".into()),
-                ("LANG".into(), "C.UTF-8".into()),
-            ];
-            env.extend(f.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-            for (k, v) in cmd.get_envs() {
-                if let Some(v) = v {
-                    env.push((k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()));
-                }
-            }
-            env.push(("STACCATO_FUNCTION".into(), f.spec.name.clone()));
-            env.push(("STACCATO_IPC_DIR".into(), CONTAINER_IPC.into()));
-            env.push(("STACCATO_PAYLOAD_MAX".into(), cfg.payload_len_max.to_string()));
-            let spin = cfg.worker_spin_us_for(f.spec.runtime, self.shared.cpus.len());
-            env.push(("STACCATO_SPIN_US".into(), spin.to_string()));
-            if let Some(n) = &c.net {
-                env.push(("STACCATO_HOST_IP".into(), n.host_ip.to_string()));
-            }
-            let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
-            argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
-            let mut mounts = vec![
-                sandbox::Mount { src: f.code_dir.clone(), dst: CONTAINER_CODE.into(), read_only: true, exec: false },
-                sandbox::Mount { src: f.dir.clone(), dst: CONTAINER_IPC.into(), read_only: false, exec: false },
-            ];
-            mounts.extend(crate::code::View::dep_mounts(&f.deps));
-            let limits =
-                sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: f.spec.cpu_shares };
-            let python = f.spec.runtime == crate::spec::Runtime::Python;
-            let log = f.log.fifo().to_path_buf();
-            let s = sandbox::Start { mounts, limits, argv, env, cwd: CONTAINER_CODE.into(), log, python };
-            Ok(c.start(&s)?)
-        })();
-        let pid = match start {
-            Ok(pid) => pid,
-            Err(e) => {
-                pool.give_back(Arc::clone(&c), true);
-                return Err(e);
-            }
-        };
-        self.contained.push((c.clone(), pid, f.clone()));
-        {
-            let mut core = f.lock_core();
-            core.launcher.state = LauncherState::Starting;
-            core.launcher.tx = Some(Arc::new(ch.tx));
-            core.launcher.pid = pid;
-            core.launcher.container = Some(c);
-            core.launcher.idle_destroyed = false;
-            core.oom_at = None;
-        }
-        let owner = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % self.shared.mailboxes.len();
-        f.lock_core().launcher.owner = owner;
-        self.shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
-        Ok(())
     }
 
     fn reap(&mut self) {
@@ -719,6 +618,157 @@ impl Supervisor {
         let shown = self.shared.remote.shown();
         Reply::Traces { traces: picked.iter().map(|t| t.to_api(&shown)).collect() }
     }
+}
+
+/// What a start thread hands the supervisor to reap.
+pub(crate) enum Launched {
+    Process(Child),
+    /// A container and the launcher's pid inside it.
+    Contained(Arc<sandbox::Container>, u32),
+}
+
+/// Starts `f`'s launcher (on a start thread). On failure the function is
+/// marked down and its queued calls are answered.
+fn launch(shared: &Shared, f: &Arc<Function>) -> Option<Launched> {
+    match spawn_launcher(shared, f) {
+        Ok(launched) => launched,
+        Err(e) => {
+            log::error!("{}: starting launcher: {e}", f.spec.name);
+            {
+                let mut core = f.lock_core();
+                core.launcher.state = LauncherState::Down;
+                core.launcher.failed_at = Some(Instant::now());
+                core.launcher.last_error = e.to_string();
+            }
+            for r in shared.pump(f, 0) {
+                shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
+            }
+            None
+        }
+    }
+}
+
+fn spawn_launcher(shared: &Shared, f: &Arc<Function>) -> crate::Result<Option<Launched>> {
+    let cfg = &shared.cfg;
+    fs::create_dir_all(f.dir.join("shm")).map_err(Error::io(format!("creating {}", f.dir.display())))?;
+    let ch = sys::channel::EngineChannel::create(&f.dir, 0).map_err(Error::io("creating the launcher channel"))?;
+    if let (Some(pool), Some(cc)) = (shared.pool.clone(), cfg.containers.clone()) {
+        return spawn_in_container(shared, f, ch, pool, &cc);
+    }
+    let writer = || f.log.writer().map_err(Error::io(format!("opening {}", f.log.fifo().display())));
+    let view = crate::code::View::host(cfg, &f.code_dir, &f.deps);
+    let mut cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
+    cmd.envs(&f.spec.env)
+        .env("STACCATO_FUNCTION", &f.spec.name)
+        .env("STACCATO_IPC_DIR", &f.dir)
+        .env("STACCATO_PAYLOAD_MAX", cfg.payload_len_max.to_string())
+        .env("STACCATO_SPIN_US", cfg.worker_spin_us_for(f.spec.runtime, shared.cpus.len()).to_string())
+        .stdin(Stdio::null())
+        .stdout(writer()?)
+        .stderr(writer()?);
+    sys::process::kill_child_with_parent(&mut cmd);
+    let mut child = cmd.spawn().map_err(Error::io(format!("running {:?}", cmd.get_program())))?;
+    let pid = child.id();
+    let owner = shared.next_owner.fetch_add(1, Ordering::Relaxed) % shared.mailboxes.len();
+    {
+        let mut core = f.lock_core();
+        if core.removed {
+            // Retired while it started: nobody will stop it but us. The
+            // supervisor still reaps it.
+            drop(core);
+            let _ = child.kill();
+            return Ok(Some(Launched::Process(child)));
+        }
+        core.launcher.state = LauncherState::Starting;
+        core.launcher.tx = Some(Arc::new(ch.tx));
+        core.launcher.pid = pid;
+        core.launcher.owner = owner;
+    }
+    shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
+    Ok(Some(Launched::Process(child)))
+}
+
+/// Starts the launcher in a container from the isolation pool: no runc
+/// command on this path (Nuka §III.A).
+fn spawn_in_container(
+    shared: &Shared,
+    f: &Arc<Function>,
+    ch: sys::channel::EngineChannel,
+    pool: sandbox::Pool,
+    cc: &crate::config::ContainerConfig,
+) -> crate::Result<Option<Launched>> {
+    use crate::config::{CONTAINER_CODE, CONTAINER_IPC};
+    let cfg = &shared.cfg;
+    let c = pool.take(f.spec.runtime == crate::spec::Runtime::Python)?;
+    let start = (|| -> crate::Result<u32> {
+        for d in [f.dir.clone(), f.dir.join("shm")] {
+            std::os::unix::fs::chown(&d, Some(c.uid), Some(c.uid))
+                .map_err(Error::io(format!("chown {}", d.display())))?;
+        }
+        // Inputs of calls that waited while the last container went.
+        sys::payload::give_all(&f.dir, c.uid).map_err(Error::io("chown queued inputs"))?;
+        crate::shared::give_channel(&f.dir, 0, c.uid).map_err(Error::io("chown channel 0"))?;
+        let view = crate::code::View::container(cc, &f.deps);
+        let cmd = crate::code::launcher_command(cfg, &f.spec, &view)?;
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            ("HOME".into(), "/tmp".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
+        env.extend(f.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for (k, v) in cmd.get_envs() {
+            if let Some(v) = v {
+                env.push((k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()));
+            }
+        }
+        env.push(("STACCATO_FUNCTION".into(), f.spec.name.clone()));
+        env.push(("STACCATO_IPC_DIR".into(), CONTAINER_IPC.into()));
+        env.push(("STACCATO_PAYLOAD_MAX".into(), cfg.payload_len_max.to_string()));
+        let spin = cfg.worker_spin_us_for(f.spec.runtime, shared.cpus.len());
+        env.push(("STACCATO_SPIN_US".into(), spin.to_string()));
+        if let Some(n) = &c.net {
+            env.push(("STACCATO_HOST_IP".into(), n.host_ip.to_string()));
+        }
+        let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
+        argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+        let mut mounts = vec![
+            sandbox::Mount { src: f.code_dir.clone(), dst: CONTAINER_CODE.into(), read_only: true, exec: false },
+            sandbox::Mount { src: f.dir.clone(), dst: CONTAINER_IPC.into(), read_only: false, exec: false },
+        ];
+        mounts.extend(crate::code::View::dep_mounts(&f.deps));
+        let limits =
+            sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: f.spec.cpu_shares };
+        let python = f.spec.runtime == crate::spec::Runtime::Python;
+        let log = f.log.fifo().to_path_buf();
+        let s = sandbox::Start { mounts, limits, argv, env, cwd: CONTAINER_CODE.into(), log, python };
+        Ok(c.start(&s)?)
+    })();
+    let pid = match start {
+        Ok(pid) => pid,
+        Err(e) => {
+            pool.give_back(Arc::clone(&c), true);
+            return Err(e);
+        }
+    };
+    let owner = shared.next_owner.fetch_add(1, Ordering::Relaxed) % shared.mailboxes.len();
+    {
+        let mut core = f.lock_core();
+        if core.removed {
+            // Retired while it started: cleaning the container kills it.
+            drop(core);
+            pool.give_back(c, true);
+            return Ok(None);
+        }
+        core.launcher.state = LauncherState::Starting;
+        core.launcher.tx = Some(Arc::new(ch.tx));
+        core.launcher.pid = pid;
+        core.launcher.container = Some(c.clone());
+        core.launcher.idle_destroyed = false;
+        core.launcher.owner = owner;
+        core.oom_at = None;
+    }
+    shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
+    Ok(Some(Launched::Contained(c, pid)))
 }
 
 fn superseded(name: &str) -> Refusal {

@@ -98,22 +98,25 @@ impl Pool {
         let bg = inner.clone();
         std::thread::Builder::new()
             .name("pool".into())
-            .spawn(move || loop {
-                match rx.recv_timeout(Duration::from_millis(500)) {
-                    Ok(Job::Return(c, reuse)) => bg.put_back(c, reuse),
-                    Ok(Job::Refill) => {
-                        // Not at once: a container was just taken, and a
-                        // runc run (a Go binary, ~30 ms of CPU) beside the
-                        // function's start would slow that start down on a
-                        // small machine. Starts take a few ms.
-                        std::thread::sleep(REFILL_DELAY);
-                        bg.refill()
+            .spawn(move || {
+                background_priority();
+                loop {
+                    match rx.recv_timeout(Duration::from_millis(500)) {
+                        Ok(Job::Return(c, reuse)) => bg.put_back(c, reuse),
+                        Ok(Job::Refill) => {
+                            // Not at once: a container was just taken, and a
+                            // runc run (a Go binary, ~30 ms of CPU) beside the
+                            // function's start would slow that start down on a
+                            // small machine. Starts take a few ms.
+                            std::thread::sleep(REFILL_DELAY);
+                            bg.refill()
+                        }
+                        Err(RecvTimeoutError::Timeout) => bg.refill(),
+                        Err(RecvTimeoutError::Disconnected) => return,
                     }
-                    Err(RecvTimeoutError::Timeout) => bg.refill(),
-                    Err(RecvTimeoutError::Disconnected) => return,
-                }
-                if bg.stopping.load(Ordering::Relaxed) {
-                    return;
+                    if bg.stopping.load(Ordering::Relaxed) {
+                        return;
+                    }
                 }
             })
             .map_err(Error::io("starting the pool thread"))?;
@@ -381,4 +384,17 @@ fn thaw_orphans() {
 fn alive(pid: &str) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()) != Some("Z"))
+}
+
+/// Puts the calling (pool) thread, and every process it starts from now on,
+/// at `POOL_NICE`. Only when the engine can raise a container back to 0 on
+/// assignment (root, as containers need anyway): a function must never be
+/// left at the pool's priority.
+fn background_priority() {
+    if sys::process::euid() != 0 {
+        return;
+    }
+    if let Err(e) = sys::cpu::set_nice(0, crate::container::POOL_NICE) {
+        log::warn!("isolation pool: lowering its thread's priority: {e}");
+    }
 }

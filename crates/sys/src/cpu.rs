@@ -44,3 +44,30 @@ pub fn set_idle_priority() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Sets the nice value of thread or process `pid` (0 = the calling thread).
+/// Threads and processes it starts afterwards inherit it. Raising priority
+/// again (a lower value) needs CAP_SYS_NICE.
+pub fn set_nice(pid: u32, nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority takes plain integers; PRIO_PROCESS with a thread
+    // id applies to that thread (Linux), with 0 to the calling thread.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, nice) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The nice value of thread or process `pid` (0 = the calling thread).
+pub fn nice(pid: u32) -> io::Result<i32> {
+    // getpriority may return -1 as a value: errno tells an error apart.
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: as in set_nice.
+    let v = unsafe { libc::getpriority(libc::PRIO_PROCESS, pid as libc::id_t) };
+    let e = io::Error::last_os_error();
+    if v == -1 && e.raw_os_error().unwrap_or(0) != 0 {
+        return Err(e);
+    }
+    Ok(v)
+}

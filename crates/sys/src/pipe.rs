@@ -60,6 +60,28 @@ pub fn set_nonblocking(f: &File, on: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Waits until `fd` is readable (or at its end, or in error) for at most
+/// `timeout`; returns whether it is. Interrupted waits start over with what
+/// is left of the timeout.
+pub fn wait_readable(fd: RawFd, timeout: std::time::Duration) -> io::Result<bool> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // Rounded up: a wait of 0.4 ms must not become a busy poll.
+        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        // SAFETY: `pfd` is one valid pollfd we own, and we pass count 1.
+        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if rc >= 0 {
+            return Ok(rc > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 pub(crate) fn poll_readable(fd: RawFd) -> io::Result<()> {
     let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     loop {

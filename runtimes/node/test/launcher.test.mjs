@@ -485,6 +485,18 @@ describe('launcher (own engine)', T, () => {
     }
   });
 
+  test('started with --expose-gc as the engine does: handlers do not see gc()', T, async () => {
+    const files = { 'g.mjs': 'export function handle() { return `${typeof globalThis.gc} ${typeof gc}`; }\n' };
+    const eng = new Engine({ files, handler: 'g.mjs:handle', nodeArgs: ['--expose-gc'] });
+    try {
+      await eng.hello();
+      const w = await eng.createWorker();
+      assert.equal((await eng.call(w, '', gwId())).inline.toString(), 'undefined undefined');
+    } finally {
+      await eng.close();
+    }
+  });
+
   test('EOF on channel 0: the launcher exits 0 and closes every channel', T, async () => {
     const eng = new Engine({ files: { 'handler.mjs': HANDLER } });
     try {
