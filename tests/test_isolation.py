@@ -97,11 +97,16 @@ def test_runs_unprivileged_in_its_own_namespaces(iso):
 
 
 def nice_of(pid):
-    """A process's nice value (field 19 of /proc/PID/stat), None if gone."""
+    """The nice values of a process's threads (field 19 of each
+    /proc/PID/task/TID/stat; a nice value is per thread), or {None} if it
+    is gone."""
+    out = set()
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+        for t in Path(f"/proc/{pid}/task").iterdir():
+            out.add(int((t / "stat").read_text().rsplit(")", 1)[1].split()[16]))
     except (OSError, IndexError, ValueError):
-        return None
+        return {None}
+    return out or {None}
 
 
 def test_pool_waits_in_the_background_and_functions_run_at_normal_priority(tmp_path):
@@ -116,7 +121,7 @@ def test_pool_waits_in_the_background_and_functions_run_at_normal_priority(tmp_p
         prefix = [p.name[:-len(".lock")] for p in Path("/run/staccato/engines").glob("s*.lock")
                   if p.read_text().strip() == pid][0]
         idle = [p for i in range(2) for p in container_pids(f"{prefix}-{i}")]
-        assert idle and all(nice_of(p) == 19 for p in idle), [(p, nice_of(p)) for p in idle]
+        assert idle and all(nice_of(p) == {19} for p in idle), [(p, nice_of(p)) for p in idle]
         srv.deploy(ISO)
         node = Path(__file__).resolve().parent.parent / "bench" / "functions" / "node"
         srv.deploy(node)
@@ -125,9 +130,10 @@ def test_pool_waits_in_the_background_and_functions_run_at_normal_priority(tmp_p
             cid = srv.container(fn)
             pids = container_pids(cid)
             assert len(pids) >= 2, (fn, pids)  # init and the launcher at least
-            assert all(nice_of(p) in (0, None) for p in pids), (fn, [(p, nice_of(p)) for p in pids])
+            # Every thread: Node.js runs several (V8's, libuv's).
+            assert all(nice_of(p) <= {0, None} for p in pids), (fn, [(p, nice_of(p)) for p in pids])
         # The pool refills in the background again.
-        made = wait_for(lambda: any(nice_of(p) == 19 for i in range(2, 12)
+        made = wait_for(lambda: any(nice_of(p) == {19} for i in range(2, 12)
                                     for p in container_pids(f"{prefix}-{i}")), timeout=30)
         assert made, "no refilled container at nice 19"
 

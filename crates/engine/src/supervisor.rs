@@ -528,16 +528,29 @@ impl Supervisor {
         self.remove_code(&f.spec.name, &f.code_dir);
     }
 
-    /// Starts `f`'s launcher on a thread of its own: taking a container
-    /// (a runc run, ~100 ms, when the pool has none ready), mounting and
-    /// starting in it take milliseconds, and other functions' starts,
-    /// deploys and reaping must not queue behind them. The thread hands the
-    /// process back as [`SupervisorCmd::Launched`], to be reaped here.
+    /// Starts `f`'s launcher. In a container, on a thread of its own:
+    /// taking a container (a runc run, ~100 ms, when the pool has none
+    /// ready), mounting and starting in it take milliseconds, and other
+    /// functions' starts, deploys and reaping must not queue behind them;
+    /// the thread hands the launcher back as [`SupervisorCmd::Launched`], to
+    /// be reaped here. A plain process is forked here: it takes well under
+    /// a millisecond, and its death signal (`kill_child_with_parent`) is
+    /// tied to the thread that forks it, which must outlive it.
     fn start_launcher(&mut self, f: &Arc<Function>) {
+        if self.shared.pool.is_none() || self.shared.cfg.containers.is_none() {
+            let launched = launch(&self.shared, f);
+            return self.launched(f.clone(), launched);
+        }
         let (shared, func) = (self.shared.clone(), f.clone());
         let tx = crate::shared::lock(&self.shared.supervisor).clone();
         let spawned = std::thread::Builder::new().name("engine-start".into()).spawn(move || {
-            let launched = launch(&shared, &func);
+            // A bug in a start must still end the start: the function
+            // would otherwise stay `starting` with nobody to retry it.
+            let launched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| launch(&shared, &func)))
+                .unwrap_or_else(|_| {
+                    failed(&shared, &func, "starting its launcher failed inside the engine (a bug)".into());
+                    None
+                });
             let _ = tx.send(SupervisorCmd::Launched(func, launched));
         });
         if let Err(e) = spawned {
@@ -549,6 +562,11 @@ impl Supervisor {
 
     /// A launcher started by `launch`: watched from now on.
     fn launched(&mut self, f: Arc<Function>, launched: Option<Launched>) {
+        // Retired while it started, after its files were removed: what the
+        // start made again goes (the start stopped its launcher itself).
+        if f.lock_core().removed && self.draining.iter().all(|d| !Arc::ptr_eq(&d.f, &f)) {
+            let _ = fs::remove_dir_all(&f.dir);
+        }
         match launched {
             Some(Launched::Process(child)) => self.children.push((child, f)),
             Some(Launched::Contained(c, pid)) => self.contained.push((c, pid, f)),
@@ -561,7 +579,9 @@ impl Supervisor {
         let mut exited = Vec::new();
         self.contained.retain(|(c, pid, f)| {
             let current = f.lock_core().launcher.container.as_ref().is_some_and(|x| Arc::ptr_eq(x, c));
-            let ended = c.poll_status().iter().any(|l| l.starts_with(&format!("EXIT {pid} ")));
+            // Only a container still the function's: one given back may be
+            // in the pool's hands (its status lock held while it resets).
+            let ended = current && c.poll_status().iter().any(|l| l.starts_with(&format!("EXIT {pid} ")));
             if ended && current {
                 exited.push((*pid, f.clone()));
             }
@@ -630,21 +650,31 @@ pub(crate) enum Launched {
 /// Starts `f`'s launcher (on a start thread). On failure the function is
 /// marked down and its queued calls are answered.
 fn launch(shared: &Shared, f: &Arc<Function>) -> Option<Launched> {
+    // Retired before its start began: nothing to start (its files are
+    // gone or going).
+    if f.lock_core().removed {
+        return None;
+    }
     match spawn_launcher(shared, f) {
         Ok(launched) => launched,
         Err(e) => {
             log::error!("{}: starting launcher: {e}", f.spec.name);
-            {
-                let mut core = f.lock_core();
-                core.launcher.state = LauncherState::Down;
-                core.launcher.failed_at = Some(Instant::now());
-                core.launcher.last_error = e.to_string();
-            }
-            for r in shared.pump(f, 0) {
-                shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
-            }
+            failed(shared, f, e.to_string());
             None
         }
+    }
+}
+
+/// Marks `f`'s launcher down after a failed start and answers what waited.
+fn failed(shared: &Shared, f: &Arc<Function>, why: String) {
+    {
+        let mut core = f.lock_core();
+        core.launcher.state = LauncherState::Down;
+        core.launcher.failed_at = Some(Instant::now());
+        core.launcher.last_error = why;
+    }
+    for r in shared.pump(f, 0) {
+        shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
     }
 }
 

@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 /// started. A container given to a function is set back to 0.
 pub const POOL_NICE: i32 = 19;
 
+/// Whether pooled containers wait at `POOL_NICE` (the pool found it can
+/// set them back to 0); otherwise nothing is reniced.
+pub(crate) static BACKGROUND: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 pub struct Container {
     pub id: String,
     pub index: u32,
@@ -78,10 +82,7 @@ impl StatusReader {
             let mut chunk = [0u8; 512];
             match self.fifo.read(&mut chunk) {
                 Ok(n) if n > 0 => self.buf.extend_from_slice(&chunk[..n]),
-                // Cannot happen (we hold a write end); if it did, waiting
-                // for readability would spin.
-                Ok(0) => return None,
-                _ => {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return None;
@@ -93,6 +94,10 @@ impl StatusReader {
                         return None;
                     }
                 }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // End of file cannot happen (we hold a write end), and
+                // another error would not go away: waiting would spin.
+                _ => return None,
             }
         }
     }
@@ -334,8 +339,8 @@ impl Container {
         a.oom_kills_at_start = self.oom_kills();
         drop(a);
         // Out of the background: the function's processes (init's children,
-        // the warm interpreter) run at the engine's priority.
-        self.set_nice(0);
+        // the warm interpreter) run at the engine's priority, or not at all.
+        self.set_nice(0)?;
         let warm = self.warm.lock().unwrap_or_else(|p| p.into_inner()).take();
         match warm {
             Some(pid) if s.python => {
@@ -517,24 +522,38 @@ impl Container {
         *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = None;
         // Back in the pool: in the background again, the warm interpreter
         // started below included.
-        self.set_nice(POOL_NICE);
+        self.set_nice(POOL_NICE)?;
         if warm {
             self.warm_up(settings)?;
         }
         Ok(())
     }
 
-    /// Sets the nice value of every process in the container. Raising it
-    /// back to 0 needs CAP_SYS_NICE, which an engine that runs runc has.
-    fn set_nice(&self, nice: i32) {
+    /// Sets the nice value of every thread of every process in the
+    /// container (a nice value is per thread), when the pool works in the
+    /// background (`BACKGROUND`). On cgroup v1 containers share the
+    /// engine's CPU group and this orders them against it; on v2 each is a
+    /// CPU group of its own and it orders only its own threads.
+    fn set_nice(&self, nice: i32) -> Result<()> {
+        if !BACKGROUND.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
         for pid in self.group.procs() {
-            match sys::cpu::set_nice(pid, nice) {
-                // Gone meanwhile (a warm interpreter being replaced).
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => log::warn!("container {}: setting the nice value of {pid} to {nice}: {e}", self.id),
-                Ok(()) => {}
+            let tids: Vec<u32> = fs::read_dir(format!("/proc/{pid}/task"))
+                .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+                .unwrap_or_default();
+            for tid in tids {
+                match sys::cpu::set_nice(tid, nice) {
+                    // Gone meanwhile (a warm interpreter being replaced).
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(e) => {
+                        return Err(Error::Io { what: format!("setting the nice value of {tid} to {nice}"), error: e })
+                    }
+                    Ok(()) => {}
+                }
             }
         }
+        Ok(())
     }
 
     /// Removes the container for good.

@@ -387,13 +387,18 @@ fn alive(pid: &str) -> bool {
 }
 
 /// Puts the calling (pool) thread, and every process it starts from now on,
-/// at `POOL_NICE`. Only when the engine can raise a container back to 0 on
-/// assignment (root, as containers need anyway): a function must never be
-/// left at the pool's priority.
+/// at `POOL_NICE`, if the engine can set a container back to 0 when it
+/// gives it to a function (CAP_SYS_NICE: root, as runc needs, but not root
+/// in a user namespace or a pod without the capability). Tried on this
+/// thread first: a function must never be left at the pool's priority.
 fn background_priority() {
-    if sys::process::euid() != 0 {
+    let can_raise = sys::cpu::set_nice(0, crate::container::POOL_NICE).is_ok() && sys::cpu::set_nice(0, 0).is_ok();
+    if !can_raise {
+        let _ = sys::cpu::set_nice(0, 0);
+        log::info!("isolation pool: cannot raise priority again (no CAP_SYS_NICE); it runs at the default priority");
         return;
     }
+    crate::container::BACKGROUND.store(true, std::sync::atomic::Ordering::Relaxed);
     if let Err(e) = sys::cpu::set_nice(0, crate::container::POOL_NICE) {
         log::warn!("isolation pool: lowering its thread's priority: {e}");
     }

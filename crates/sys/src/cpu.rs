@@ -57,17 +57,3 @@ pub fn set_nice(pid: u32, nice: i32) -> io::Result<()> {
     }
     Ok(())
 }
-
-/// The nice value of thread or process `pid` (0 = the calling thread).
-pub fn nice(pid: u32) -> io::Result<i32> {
-    // getpriority may return -1 as a value: errno tells an error apart.
-    // SAFETY: __errno_location returns this thread's errno slot.
-    unsafe { *libc::__errno_location() = 0 };
-    // SAFETY: as in set_nice.
-    let v = unsafe { libc::getpriority(libc::PRIO_PROCESS, pid as libc::id_t) };
-    let e = io::Error::last_os_error();
-    if v == -1 && e.raw_os_error().unwrap_or(0) != 0 {
-        return Err(e);
-    }
-    Ok(v)
-}
