@@ -115,6 +115,26 @@ def test_a_deploy_through_one_gateway_is_served_through_the_other(two):
     assert wait_for(routed, timeout=5)
 
 
+def test_invoke_keys_made_or_revoked_through_one_gateway_hold_at_the_other(two):
+    """Keys live in the shared store: the other gateway sees a new key, a
+    revoked one, and a function's `auth: key`, within its watch period."""
+    a, b = two, two.b
+    (a.root / "locked.yml").write_text(
+        f"functions:\n  locked:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: echo:handle\n"
+        "    auth: key\n")
+    a.deploy(a.root / "locked.yml")
+    assert wait_for(lambda: b.invoke("locked", b"x").status == 401, timeout=5)
+    made = request(a.port, "POST", "/system/keys/locked", headers=a.auth())
+    assert made.status == 201, made
+    key, key_id = made.json()["key"], made.json()["id"]
+    with_key = {"Authorization": f"Bearer {key}"}
+    assert wait_for(lambda: b.invoke("locked", b"k", headers=with_key).status == 200, timeout=5)
+    assert [k["id"] for k in b.get("/system/keys/locked").json()["keys"]] == [key_id]
+    assert request(b.port, "DELETE", f"/system/keys/locked/{key_id}", headers=b.auth()).status == 200
+    assert wait_for(lambda: a.invoke("locked", b"k", headers=with_key).status == 401, timeout=5)
+    assert b.cli("rm", "locked").returncode == 0
+
+
 def test_an_engine_that_joined_only_the_other_gateway_gets_the_functions(two):
     """Its gateway never saw the source archives: they come from etcd. A
     deploy through the other gateway afterwards reaches it too (the store's

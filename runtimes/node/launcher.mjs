@@ -60,7 +60,9 @@ const exitProcess = process.exit.bind(process);
 
 // V8's gc(), exposed by the engine's --expose-gc for the launcher's warm-up
 // only: gone from the global object before any handler code loads (the
-// property cannot be deleted, only emptied).
+// property cannot be deleted, only emptied). A handler determined to
+// collect garbage can still (a new vm context, v8.setFlagsFromString); that
+// touches only its own process's heap.
 const collectGarbage = typeof globalThis.gc === 'function' ? globalThis.gc : null;
 globalThis.gc = undefined;
 

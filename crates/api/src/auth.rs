@@ -27,9 +27,10 @@ use subtle::ConstantTimeEq;
 /// untyped control replies, 3 had no `overloaded` error kind and no
 /// `max_queue` in a spec, 4 had no `superseded` and `busy` refusals, 5 no
 /// `Forward` frames (internal calls across servers) and no placement in a
-/// spec; an engine refuses every other version with a message saying which it
-/// speaks.
-pub const PROTOCOL_VERSION: u16 = 6;
+/// spec, 6 no `auth` in a spec (an engine of 6 would serve a function that
+/// needs an invoke key at its front door without one); an engine refuses
+/// every other version with a message saying which it speaks.
+pub const PROTOCOL_VERSION: u16 = 7;
 
 /// The first bytes of a `Hello` body: tells a Staccato peer from a stray one.
 pub const HELLO_MAGIC: [u8; 4] = *b"STCO";

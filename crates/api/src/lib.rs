@@ -11,7 +11,8 @@
 //! * [`control`]: the typed requests, replies and refusals of the control
 //!   connection that follows it;
 //! * [`cluster`]: engines joining gateways, and a gateway's engine table;
-//! * [`http`]: what the gateway's and the engine's HTTP front doors share.
+//! * [`http`]: what the gateway's and the engine's HTTP front doors share;
+//! * [`keys`]: per-function invoke keys.
 #![forbid(unsafe_code)]
 
 pub mod archive;
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod cluster;
 pub mod control;
 pub mod http;
+pub mod keys;
 pub mod link;
 pub mod manifest;
 pub mod spec;

@@ -20,6 +20,7 @@
 //!     placement:               # default: every engine
 //!       engines: 2             # on two engines (0: all)
 //!       labels: { zone: a }    # that joined with --label zone=a
+//!     auth: key                # calls need an invoke key (default: none)
 //! ```
 //!
 //! Every error names the line it is about.
@@ -74,6 +75,8 @@ struct Entry {
     cpu_shares: Option<u32>,
     #[serde(default)]
     placement: spec::Placement,
+    #[serde(default)]
+    auth: spec::Auth,
 }
 
 /// One function of a manifest: its settings, and the directory on the
@@ -130,6 +133,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
             worker_mode: e.worker_mode,
             cpu_shares: e.cpu_shares,
             placement: e.placement,
+            auth: e.auth,
         };
         s.validate_settings().map_err(err)?;
         out.push(ManifestFunction { spec: s, source_dir });
@@ -231,6 +235,21 @@ mod tests {
 
         let e = parse("functions: [", &base()).unwrap_err();
         assert!(e.line >= 1, "{e}");
+
+        let y = "functions:\n  a:\n    runtime: python\n    auth: password\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert!(e.message.contains("password") && e.message.contains("key"), "{e}");
+    }
+
+    #[test]
+    fn auth_key_is_kept_and_none_is_the_default() {
+        let y = "functions:\n  a:\n    runtime: python\n    auth: key\n  b:\n    runtime: python\n";
+        let fs = parse(y, &base()).unwrap();
+        assert_eq!(fs[0].spec.auth, spec::Auth::Key);
+        assert_eq!(fs[1].spec.auth, spec::Auth::None);
+        // A spec without auth serializes as before invoke keys existed.
+        assert!(!serde_json::to_string(&fs[1].spec).unwrap().contains("auth"));
+        assert!(serde_json::to_string(&fs[0].spec).unwrap().contains("\"auth\":\"key\""));
     }
 
     /// Manifests come from users: mutated and truncated ones must give an

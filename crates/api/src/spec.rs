@@ -81,6 +81,36 @@ pub struct FunctionSpec {
     /// is given). Default: every engine.
     #[serde(default, skip_serializing_if = "Placement::is_everywhere")]
     pub placement: Placement,
+    /// Who may call it from outside. Left out when `none`, so a spec from
+    /// before invoke keys keeps its fingerprint.
+    #[serde(default, skip_serializing_if = "Auth::is_none")]
+    pub auth: Auth,
+}
+
+/// Who may call a function from outside (internal calls are always
+/// allowed: the caller is a function the engine runs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Auth {
+    /// Anyone who reaches the gateway.
+    #[default]
+    None,
+    /// Only with one of the function's invoke keys (`Authorization: Bearer
+    /// stk_...`; see [`crate::keys`]).
+    Key,
+}
+
+impl Auth {
+    pub fn is_none(&self) -> bool {
+        *self == Auth::None
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Auth::None => "none",
+            Auth::Key => "key",
+        }
+    }
 }
 
 /// Where a function runs, among the engines that joined a gateway.
@@ -416,6 +446,7 @@ mod tests {
             worker_mode: WorkerMode::Inline,
             cpu_shares: None,
             placement: Placement::default(),
+            auth: Auth::None,
         }
     }
 

@@ -890,10 +890,14 @@ impl IoThread {
             api::http::Parsed::Call(r) => r,
         };
         // Calls to a function not here, or while other engines share the
-        // load, are the gateway's to route.
+        // load, are the gateway's to route; calls that need an invoke key
+        // the gateway's to check (the engine never holds keys).
         let (Some(func), Some(_)) = (self.shared.function(&req.name), door.sole_engine()) else {
             return self.hand_over(t);
         };
+        if func.spec.auth != api::spec::Auth::None {
+            return self.hand_over(t);
+        }
         let input = c.rbuf[req.body.clone()].to_vec();
         c.rbuf.drain(..req.body.end);
         c.busy = true;

@@ -78,6 +78,7 @@ fn register(f: &Fixture, name: &str, max_queue: u32) {
         worker_mode: Default::default(),
         cpu_shares: None,
         placement: Default::default(),
+        auth: Default::default(),
     };
     let mut c = connect(f, Role::Control);
     api::control::write_request(&mut c, &Request::Register { spec }, &archive).expect("send register");

@@ -20,6 +20,7 @@
 //! what it last saw.
 
 use crate::store::{Meta, StoreError};
+use api::keys::KeyRecord;
 use api::spec::FunctionSpec;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
@@ -155,7 +156,7 @@ impl Etcd {
         }
     }
 
-    fn put_key(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+    fn put_raw(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         self.call("/v3/kv/put", &json!({ "key": b64(key), "value": b64(value) })).map(|_| ())
     }
 
@@ -206,7 +207,7 @@ impl Meta for Etcd {
 
     fn set_placed(&self, name: &str, placed: &[String]) -> Result<(), StoreError> {
         let ids = serde_json::to_vec(placed).map_err(|e| StoreError::Db(e.to_string()))?;
-        self.put_key(&self.key("placements", name), &ids)
+        self.put_raw(&self.key("placements", name), &ids)
     }
 
     fn placements(&self) -> Result<Vec<(String, Vec<String>)>, StoreError> {
@@ -224,6 +225,11 @@ impl Meta for Etcd {
             delete_op(&self.key("stored_at", name)),
             delete_op(&self.key("placements", name)),
             put_op(&self.key("removed", name), crate::store::unix_ms().to_string().as_bytes()),
+            // Its invoke keys go with it.
+            json!({ "request_delete_range": {
+                "key": b64(self.key("keys", &format!("{name}/"))),
+                "range_end": b64(prefix_end(&self.key("keys", &format!("{name}/")))),
+            } }),
         ])?;
         // responses[0].response_delete_range.deleted: how many functions/NAME.
         let deleted = &v["responses"][0]["response_delete_range"]["deleted"];
@@ -247,6 +253,21 @@ impl Meta for Etcd {
 
     fn shared(&self) -> bool {
         true
+    }
+
+    fn put_key(&self, name: &str, key: &KeyRecord) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(key).map_err(|e| StoreError::Db(e.to_string()))?;
+        self.put_raw(&self.key("keys", &format!("{name}/{}", key.id)), &bytes)
+    }
+
+    fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError> {
+        let v = self.txn(vec![delete_op(&self.key("keys", &format!("{name}/{id}")))])?;
+        let deleted = &v["responses"][0]["response_delete_range"]["deleted"];
+        Ok(deleted.as_str().and_then(|d| d.parse::<u64>().ok()).or(deleted.as_u64()).unwrap_or(0) > 0)
+    }
+
+    fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError> {
+        crate::store::keys_from(self.range(&self.key("keys", ""))?)
     }
 
     fn removed(&self) -> Result<HashMap<String, u64>, StoreError> {
@@ -277,10 +298,10 @@ impl Meta for Etcd {
         }
         let chunks = archive.chunks(CHUNK).count();
         for (i, c) in archive.chunks(CHUNK).enumerate() {
-            self.put_key(&self.key("chunks", &format!("{hex}/{i:05}")), c)?;
+            self.put_raw(&self.key("chunks", &format!("{hex}/{i:05}")), c)?;
         }
         let meta = json!({ "bytes": archive.len(), "chunks": chunks, "uploaded_ms": crate::store::unix_ms() });
-        self.put_key(&self.key("archives", hex), meta.to_string().as_bytes())
+        self.put_raw(&self.key("archives", hex), meta.to_string().as_bytes())
     }
 
     fn archive(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {

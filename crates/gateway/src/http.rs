@@ -11,12 +11,14 @@ use crate::cluster::Engine;
 use crate::control::ControlError;
 use crate::engine_link::Reply;
 use crate::inputs;
+use crate::keys::Verdict;
 use crate::{GwShared, ThreadState};
 use api::control as ctl;
+use api::spec::Auth;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, CONTENT_TYPE, HOST, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use std::rc::Rc;
@@ -110,6 +112,21 @@ fn wrong_type(want: &str, got: &str) -> Resp {
 
 async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incoming>) -> Resp {
     let start = Instant::now();
+    let verdict = sh.keys.check(name, inputs::bearer(req.headers()));
+    if matches!(verdict, Verdict::Missing | Verdict::Wrong) {
+        sh.metrics.record(th.index(), name, "unauthorized", start.elapsed().as_secs_f64());
+        let msg = if verdict == Verdict::Missing {
+            format!(
+                "function {name} needs an invoke key: send Authorization: Bearer <key> (make one with \
+                 `staccato key create {name}`)"
+            )
+        } else {
+            format!("that is not an invoke key of function {name} (wrong, or revoked)")
+        };
+        let mut r = error_resp(StatusCode::UNAUTHORIZED, "unauthorized", &msg, None);
+        r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return r;
+    }
     let call_id = th.next_call_id();
     let mut served_by: Option<Arc<Engine>> = None;
     let max = sh.cfg.payload_len_max;
@@ -247,6 +264,9 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
             Err(e) => store_error(&e),
         },
         (&Method::DELETE, ["functions", name]) => remove(sh, name).await,
+        (&Method::GET, ["keys", name]) => list_keys(sh, name),
+        (&Method::POST, ["keys", name]) => create_key(sh, name),
+        (&Method::DELETE, ["keys", name, id]) => remove_key(sh, name, id),
         (&Method::GET, ["logs", name]) => logs(sh, name, &query).await,
         (&Method::GET, ["trace"]) => {
             let (function, limit) = inputs::trace_query(&query);
@@ -420,6 +440,7 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
             "min_workers": s.min_workers,
             "max_workers": s.max_workers,
             "timeout_ms": s.timeout_ms,
+            "auth": s.auth.name(),
             "env": s.env,
             "status": st,
             "engines": engines,
@@ -532,6 +553,13 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
             return store_error(&e);
         }
         let name = spec.name.clone();
+        // Needs a key from before any engine runs this version (a
+        // redeploy that adds `auth: key` leaves no moment without it).
+        if spec.auth == Auth::Key {
+            if let Err(e) = sh.keys.require(&name) {
+                return store_error(&e);
+            }
+        }
         let (on, off): (Vec<Arc<Engine>>, Vec<Arc<Engine>>) =
             table.iter().cloned().partition(|e| route.as_ref().is_none_or(|r| r.serves(&e.id, &e.labels)));
         let mut said: Vec<String> = Vec::new();
@@ -553,6 +581,9 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         let chosen = route.as_ref().filter(|r| r.placement.engines > 0).map(|r| r.chosen.as_slice());
         if let Err(e) = sh.store.put(&spec, chosen) {
             return store_error(&e);
+        }
+        if spec.auth == Auth::None {
+            sh.keys.refresh();
         }
         if let Some(ids) = chosen.filter(|ids| ids.len() < spec.placement.engines as usize) {
             said.push(format!(
@@ -601,6 +632,7 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
         Err(e) => return store_error(&e),
     };
     sh.placements.remove(name);
+    sh.keys.refresh();
     let mut in_engine = false;
     for (e, answer) in to_all(sh, ctl::Request::Unregister { name: name.to_string() }, Vec::new()).await {
         match answer {
@@ -620,6 +652,85 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
     }
     prune_sources(sh);
     json_resp(StatusCode::OK, &json!({ "removed": name }))
+}
+
+/// A function's invoke keys: ids and ages, never the keys.
+fn list_keys(sh: &GwShared, name: &str) -> Resp {
+    let spec = match sh.store.get(name) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None)
+        }
+        Err(e) => return store_error(&e),
+    };
+    match sh.store.keys_of(name) {
+        Ok(keys) => {
+            let keys: Vec<Value> = keys.iter().map(|k| json!({ "id": k.id, "created_ms": k.created_ms })).collect();
+            json_resp(StatusCode::OK, &json!({ "function": name, "auth": spec.auth.name(), "keys": keys }))
+        }
+        Err(e) => store_error(&e),
+    }
+}
+
+/// Makes an invoke key for a deployed function; the answer is the only
+/// place the key is ever shown.
+fn create_key(sh: &GwShared, name: &str) -> Resp {
+    let spec = match sh.store.get(name) {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None)
+        }
+        Err(e) => return store_error(&e),
+    };
+    let have = match sh.store.keys_of(name) {
+        Ok(k) => k.len(),
+        Err(e) => return store_error(&e),
+    };
+    if have >= api::keys::KEYS_MAX {
+        let msg = format!(
+            "function {name} has {have} invoke keys, the most it may have: remove one first (`staccato key rm {name} ID`)"
+        );
+        return error_resp(StatusCode::CONFLICT, "conflict", &msg, None);
+    }
+    let (key, record) = match api::keys::new_key(crate::store::unix_ms()) {
+        Ok(k) => k,
+        Err(e) => {
+            return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &format!("no randomness: {e}"), None)
+        }
+    };
+    if let Err(e) = sh.store.put_key(name, &record) {
+        return store_error(&e);
+    }
+    sh.keys.refresh();
+    let mut body = json!({ "function": name, "id": record.id, "key": key, "created_ms": record.created_ms });
+    if spec.auth == Auth::None {
+        body["note"] = json!(format!(
+            "function {name} does not ask for a key (auth: none): it takes calls without one until it is deployed \
+             with `auth: key`"
+        ));
+    }
+    json_resp(StatusCode::CREATED, &body)
+}
+
+fn remove_key(sh: &GwShared, name: &str, id: &str) -> Resp {
+    if !api::keys::valid_id(id) {
+        return error_resp(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            &format!("no invoke key {id:?} of function {name}"),
+            None,
+        );
+    }
+    match sh.store.remove_key(name, id) {
+        Ok(true) => {
+            sh.keys.refresh();
+            json_resp(StatusCode::OK, &json!({ "function": name, "removed": id }))
+        }
+        Ok(false) => {
+            error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no invoke key {id:?} of function {name}"), None)
+        }
+        Err(e) => store_error(&e),
+    }
 }
 
 /// The answer to a request the engine did not carry out.

@@ -22,6 +22,7 @@ mod etcd;
 mod forward;
 pub mod http;
 pub mod inputs;
+mod keys;
 mod metrics;
 pub mod placement;
 pub mod store;
@@ -174,6 +175,8 @@ pub(crate) struct GwShared {
     pub metrics: metrics::Metrics,
     pub engines: Arc<Engines>,
     pub placements: Arc<Placements>,
+    /// Functions that need an invoke key, and their keys' digests.
+    pub keys: Arc<keys::Keys>,
 }
 
 /// Per-thread state: the thread's links to the engines and call id counter.
@@ -398,10 +401,11 @@ fn call_id_tag() -> u64 {
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// With a store other gateways write too: when its revision changes, reads
-/// the placements again and has every engine reconciled with it (a deploy
-/// through another gateway reaches the engines that joined only this one).
+/// the placements and invoke keys again and has every engine reconciled
+/// with it (a deploy through another gateway reaches the engines that joined
+/// only this one).
 /// While the store is unreachable, nothing changes here; it is said once.
-fn watch_store(store: Arc<Store>, placements: Arc<Placements>, engines: Arc<Engines>) {
+fn watch_store(store: Arc<Store>, placements: Arc<Placements>, engines: Arc<Engines>, keys: Arc<keys::Keys>) {
     if !store.shared() {
         return; // only this gateway writes it
     }
@@ -425,6 +429,9 @@ fn watch_store(store: Arc<Store>, placements: Arc<Placements>, engines: Arc<Engi
             if r == seen {
                 continue;
             }
+            // Keys made or revoked, and `auth` changed, through another
+            // gateway: in force here within WATCH_EVERY.
+            keys.refresh();
             match placements.reload() {
                 // A deploy here changed a route while the store was read:
                 // read again at the next tick.
@@ -453,12 +460,13 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     });
     log::info!("function store: {}", store.describe());
     let placements = Arc::new(Placements::load(store.clone())?);
+    let keys = Arc::new(keys::Keys::load(store.clone())?);
     let engines = Arc::new(Engines::new(store.clone(), placements.clone(), cfg.engine_secret.clone()));
     for addr in &cfg.engines {
         engines.add_static(*addr);
     }
     cluster::start_expiry(engines.clone());
-    watch_store(store.clone(), placements.clone(), engines.clone());
+    watch_store(store.clone(), placements.clone(), engines.clone(), keys.clone());
     let threads = cfg.threads.max(1);
     // Bind the first listener here so an address in use is reported to the
     // caller, and so port 0 resolves to one port every thread shares.
@@ -470,6 +478,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         metrics: metrics::Metrics::new(threads),
         engines,
         placements,
+        keys,
         connections: AtomicUsize::new(0),
         reserve: AtomicUsize::new(0),
         warned_full_s: AtomicU64::new(0),

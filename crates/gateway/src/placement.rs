@@ -231,6 +231,7 @@ mod tests {
             worker_mode: Default::default(),
             cpu_shares: None,
             placement: Placement { engines: n, labels: Default::default() },
+            auth: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@
 //! backend they are kept there too, and a gateway that lacks one fetches
 //! it.
 
+use api::keys::KeyRecord;
 use api::spec::FunctionSpec;
 use redb::{Database, ReadableTable, TableDefinition};
 use std::collections::HashMap;
@@ -22,6 +23,9 @@ const STORED_AT: TableDefinition<&str, u64> = TableDefinition::new("stored_at");
 /// When each removed function was removed (Unix ms), until it is stored
 /// again: an engine that was away then drops its copy when it is back.
 const REMOVED: TableDefinition<&str, u64> = TableDefinition::new("removed");
+/// Invoke keys' records (`api::keys::KeyRecord`, JSON), under `NAME/ID`;
+/// removed with their function.
+const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 
 pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -88,6 +92,12 @@ pub trait Meta: Send + Sync {
     }
     /// What it is, for the log.
     fn describe(&self) -> String;
+    /// Stores one invoke key's record for function `name`.
+    fn put_key(&self, name: &str, key: &KeyRecord) -> Result<(), StoreError>;
+    /// Removes key `id` of `name`; whether it was there.
+    fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError>;
+    /// Every function's invoke keys (functions without keys are left out).
+    fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError>;
 }
 
 pub struct Store {
@@ -233,6 +243,23 @@ impl Store {
         self.meta.placements()
     }
 
+    pub fn put_key(&self, name: &str, key: &KeyRecord) -> Result<(), StoreError> {
+        self.meta.put_key(name, key)
+    }
+
+    pub fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError> {
+        self.meta.remove_key(name, id)
+    }
+
+    pub fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError> {
+        self.meta.keys()
+    }
+
+    /// The invoke keys of one function (oldest first).
+    pub fn keys_of(&self, name: &str) -> Result<Vec<KeyRecord>, StoreError> {
+        Ok(self.meta.keys()?.remove(name).unwrap_or_default())
+    }
+
     pub fn remove(&self, name: &str) -> Result<bool, StoreError> {
         self.meta.remove(name)
     }
@@ -265,6 +292,7 @@ impl Local {
         tx.open_table(PLACEMENTS).map_err(db)?;
         tx.open_table(STORED_AT).map_err(db)?;
         tx.open_table(REMOVED).map_err(db)?;
+        tx.open_table(KEYS).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(Local { db: database })
     }
@@ -321,6 +349,21 @@ impl Meta for Local {
         tx.open_table(PLACEMENTS).map_err(db)?.remove(name).map_err(db)?;
         tx.open_table(STORED_AT).map_err(db)?.remove(name).map_err(db)?;
         tx.open_table(REMOVED).map_err(db)?.insert(name, unix_ms()).map_err(db)?;
+        {
+            // Its keys go with it: a new function of the same name starts
+            // with none.
+            let mut t = tx.open_table(KEYS).map_err(db)?;
+            let prefix = format!("{name}/");
+            let ids: Vec<String> = t
+                .range(prefix.as_str()..)
+                .map_err(db)?
+                .map_while(|row| row.ok().map(|(k, _)| k.value().to_string()))
+                .take_while(|k| k.starts_with(&prefix))
+                .collect();
+            for k in ids {
+                t.remove(k.as_str()).map_err(db)?;
+            }
+        }
         tx.commit().map_err(db)?;
         Ok(existed)
     }
@@ -353,6 +396,46 @@ impl Meta for Local {
     fn stored_at(&self) -> Result<HashMap<String, u64>, StoreError> {
         self.stamps(STORED_AT)
     }
+
+    fn put_key(&self, name: &str, key: &KeyRecord) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(key).map_err(db)?;
+        let tx = self.db.begin_write().map_err(db)?;
+        tx.open_table(KEYS).map_err(db)?.insert(format!("{name}/{}", key.id).as_str(), bytes.as_slice()).map_err(db)?;
+        tx.commit().map_err(db)
+    }
+
+    fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError> {
+        let tx = self.db.begin_write().map_err(db)?;
+        let existed = tx.open_table(KEYS).map_err(db)?.remove(format!("{name}/{id}").as_str()).map_err(db)?.is_some();
+        tx.commit().map_err(db)?;
+        Ok(existed)
+    }
+
+    fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = tx.open_table(KEYS).map_err(db)?;
+        let mut rows = Vec::new();
+        for row in table.iter().map_err(db)? {
+            let (k, v) = row.map_err(db)?;
+            rows.push((k.value().to_string(), v.value().to_vec()));
+        }
+        keys_from(rows)
+    }
+}
+
+/// Key records stored as `NAME/ID` → JSON, grouped by function, oldest
+/// first.
+pub(crate) fn keys_from(rows: Vec<(String, Vec<u8>)>) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError> {
+    let mut out: HashMap<String, Vec<KeyRecord>> = HashMap::new();
+    for (k, v) in rows {
+        let Some((name, _)) = k.split_once('/') else { continue };
+        let rec: KeyRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(name.to_string(), e))?;
+        out.entry(name.to_string()).or_default().push(rec);
+    }
+    for recs in out.values_mut() {
+        recs.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+    }
+    Ok(out)
 }
 
 impl Local {
@@ -394,6 +477,7 @@ mod tests {
             worker_mode: Default::default(),
             cpu_shares: None,
             placement: Default::default(),
+            auth: Default::default(),
         };
         {
             let s = Store::open(&path).expect("open");

@@ -5,6 +5,7 @@
 
 mod bench;
 mod cache_cmd;
+mod key_cmd;
 mod new;
 mod testbed_cmd;
 mod up;
@@ -66,6 +67,11 @@ enum Cmd {
         /// Print the call id and timing to standard error.
         #[arg(short, long)]
         verbose: bool,
+        /// The function's invoke key (`staccato key create`), for one
+        /// deployed with `auth: key`. The management token is never sent
+        /// with a call.
+        #[arg(long, env = "STACCATO_INVOKE_KEY", hide_env_values = true)]
+        key: Option<String>,
     },
     /// List the engines a gateway sends calls to.
     Engines {
@@ -109,6 +115,9 @@ enum Cmd {
     /// The local package cache of functions' Python and Node dependencies.
     #[command(subcommand)]
     Cache(cache_cmd::CacheCmd),
+    /// Invoke keys of functions deployed with `auth: key`.
+    #[command(subcommand)]
+    Key(key_cmd::KeyCmd),
     /// A cluster on this machine: gateways and engines on test hosts made
     /// of network namespaces (a demo, and the cluster tests' harness).
     #[command(subcommand)]
@@ -135,9 +144,11 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Down { state_dir } => up::down(state_dir),
         Cmd::New { ref name, lang, ref dir } => new::new(name, lang, dir),
         Cmd::Deploy { ref path } => deploy(&mut client()?, path),
-        Cmd::Invoke { ref name, ref data, timeout_ms, verbose } => {
-            invoke(&mut client()?, name, data.as_deref(), timeout_ms, verbose)
+        Cmd::Invoke { ref name, ref data, timeout_ms, verbose, ref key } => {
+            let mut c = Gateway::new(&cli.gateway, None, None).with_context(|| format!("gateway {}", cli.gateway))?;
+            invoke(&mut c, name, data.as_deref(), timeout_ms, verbose, key.as_deref())
         }
+        Cmd::Key(cmd) => key_cmd::run(&mut client()?, cmd),
         Cmd::Ls { json } => ls(&mut client()?, json),
         Cmd::Engines { json } => engines(&mut client()?, json),
         Cmd::Rm { ref names } => {
@@ -228,7 +239,7 @@ fn token(cli: &Cli) -> Option<String> {
 
 /// A name that can be a function's, checked before it goes into a URL: a
 /// space or a slash would otherwise fail as if the gateway were down.
-fn function_name(name: &str) -> Result<&str> {
+pub(crate) fn function_name(name: &str) -> Result<&str> {
     if !wire::valid_function_name(name) {
         bail!("invalid function name {name:?}: use 1-64 characters of a-z, 0-9, '-' and '_', starting with a letter");
     }
@@ -286,7 +297,14 @@ fn deploy(c: &mut Gateway, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn invoke(c: &mut Gateway, name: &str, data: Option<&str>, timeout_ms: Option<u32>, verbose: bool) -> Result<()> {
+fn invoke(
+    c: &mut Gateway,
+    name: &str,
+    data: Option<&str>,
+    timeout_ms: Option<u32>,
+    verbose: bool,
+    key: Option<&str>,
+) -> Result<()> {
     function_name(name)?;
     let input = match data {
         Some(d) => d.as_bytes().to_vec(),
@@ -299,7 +317,11 @@ fn invoke(c: &mut Gateway, name: &str, data: Option<&str>, timeout_ms: Option<u3
     };
     let path = format!("/function/{name}");
     let timeout = timeout_ms.map(|ms| ms.to_string());
-    let headers: Vec<(&str, &str)> = timeout.iter().map(|t| ("X-Staccato-Timeout-Ms", t.as_str())).collect();
+    let mut headers: Vec<(&str, &str)> = timeout.iter().map(|t| ("X-Staccato-Timeout-Ms", t.as_str())).collect();
+    let bearer = key.map(|k| format!("Bearer {}", k.trim()));
+    if let Some(b) = &bearer {
+        headers.push(("Authorization", b.as_str()));
+    }
     let r = c
         .request_with_headers("POST", &path, &input, &headers)
         .context("cannot reach the gateway (is `staccato up` running?)")?;

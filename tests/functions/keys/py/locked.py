@@ -1,0 +1,2 @@
+async def handle(ctx, data: bytes) -> bytes:
+    return b"locked:" + data
