@@ -63,19 +63,49 @@ def test_a_key_of_the_function_lets_the_call_through(srv):
     key = make_key(srv)
     r = srv.invoke("locked", b"hi", headers=bearer(key))
     assert r.status == 200 and r.body == b"locked:hi", r
-    # Pipelined calls on one connection: each checked (the engine's front
-    # door hands the connection to the gateway at the first).
-    for i in range(3):
-        r = srv.invoke("locked", str(i).encode(), headers=bearer(key))
-        assert r.status == 200 and r.body == f"locked:{i}".encode(), r
-    # A key of one function is not a key of another.
+    # One character off.
     unauthorized(srv.invoke("locked", b"x", headers=bearer(key[:-1] + ("0" if key[-1] != "0" else "1"))),
                  "not an invoke key")
+    # A key of another function is not a key of this one.
+    other = make_key(srv, "caller")
+    unauthorized(srv.invoke("locked", b"x", headers=bearer(other)), "not an invoke key")
+    (other_id,) = key_ids(srv, "caller")
+    assert srv.cli("key", "rm", "caller", other_id).returncode == 0
     # The CLI sends the key, never the management token, with a call.
     p = srv.cli("invoke", "locked", "-d", "cli", "--key", key)
     assert p.returncode == 0 and p.stdout.strip() == "locked:cli", p
     p = srv.cli("invoke", "locked", "-d", "cli")
     assert p.returncode != 0 and "needs an invoke key" in p.stderr, p
+
+
+def test_one_keep_alive_connection_is_checked_call_by_call(srv):
+    """The engine's front door serves the first call (a function that needs
+    no key) itself; the second, on the same connection, needs a key and
+    has none: it must not ride on the first's connection."""
+    import socket
+    key = make_key(srv)
+
+    def req(path, auth=None):
+        h = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\n"
+        if auth:
+            h += f"Authorization: Bearer {auth}\r\n"
+        return (h + "\r\nx").encode()
+
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+        s.sendall(req("/function/caller") + req("/function/locked") + req("/function/locked", key)
+                  + req("/function/caller"))
+        f = s.makefile("rb")
+        answers = []
+        for _ in range(4):
+            status = int(f.readline().split()[1])
+            length = 0
+            while (line := f.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                if name.lower() == "content-length":
+                    length = int(value)
+            answers.append((status, f.read(length)))
+    assert [a[0] for a in answers] == [200, 401, 200, 200], answers
+    assert answers[2][1] == b"locked:x" and answers[3][1] == b"via-caller:locked:x", answers
 
 
 def test_an_invoke_key_manages_nothing(srv):

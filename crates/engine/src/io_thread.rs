@@ -1062,6 +1062,17 @@ impl IoThread {
         let Some(func) = self.shared.function(&name) else {
             return reject(self, ErrorKind::NotFound, format!("no function named {name:?}"));
         };
+        // Fail closed: a gateway whose view of the function predates its
+        // `auth: key` (a deploy through another gateway, a table being
+        // read again) sends the call unchecked; it is refused here, and
+        // that gateway judges it again (gateway::http::invoke).
+        if fh.kind == FrameKind::Call && func.spec.auth != api::spec::Auth::None && !fh.call_key_checked() {
+            let msg = format!(
+                "function {name} needs an invoke key and this call was not checked for one (the gateway's view of \
+                 {name} is older than this engine's); retry"
+            );
+            return reject(self, ErrorKind::EngineUnavailable, msg);
+        }
         let max = self.shared.cfg.payload_len_max;
         if input.len() > max {
             let msg = format!("input of {} bytes exceeds the {max}-byte limit", input.len());

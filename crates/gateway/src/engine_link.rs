@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
-use wire::frame::{call_frame, FrameHeader, FrameKind, Timing, FRAME_HEADER_LEN};
+use wire::frame::{FrameHeader, FrameKind, Timing, FRAME_HEADER_LEN};
 use wire::ErrorKind;
 
 pub enum Reply {
@@ -109,9 +109,13 @@ impl EngineLink {
         self.stop.notify_one();
     }
 
-    /// Sends a call and waits for its reply.
-    pub async fn call(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Reply {
-        self.exchange(call_id, timeout_ms, || call_frame(call_id, timeout_ms, name, input)).await
+    /// Sends a call and waits for its reply. `key_checked`: the caller's
+    /// invoke key was checked against the function's keys.
+    pub async fn call(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8], key_checked: bool) -> Reply {
+        self.exchange(call_id, timeout_ms, || {
+            wire::frame::checked_call_frame(call_id, timeout_ms, name, input, key_checked)
+        })
+        .await
     }
 
     /// Sends an internal call from another engine (a `Forward` frame under
@@ -443,11 +447,11 @@ mod tests {
         local.block_on(&rt, async move {
             let link = link_up(addr, secret).await;
             let l = link.clone();
-            let small = tokio::task::spawn_local(async move { l.call(1, 0, "f", b"x").await });
+            let small = tokio::task::spawn_local(async move { l.call(1, 0, "f", b"x", false).await });
             tokio::time::sleep(Duration::from_millis(20)).await;
             // Far more than the kernel buffers of an unread connection hold.
             let l = link.clone();
-            let large = tokio::task::spawn_local(async move { l.call(2, 0, "f", &vec![7u8; 48 << 20]).await });
+            let large = tokio::task::spawn_local(async move { l.call(2, 0, "f", &vec![7u8; 48 << 20], false).await });
             let t0 = Instant::now();
             let (small, large) = (small.await.expect("small"), large.await.expect("large"));
             let took = t0.elapsed();
@@ -495,7 +499,7 @@ mod tests {
             let link = link_up(addr, secret).await;
             let l = link.clone();
             let t0 = Instant::now();
-            let call = tokio::task::spawn_local(async move { l.call(1, 0, "f", &vec![7u8; 24 << 20]).await });
+            let call = tokio::task::spawn_local(async move { l.call(1, 0, "f", &vec![7u8; 24 << 20], false).await });
             let silence = Duration::from_millis(wire::frame::SILENCE_MAX_MS);
             tokio::time::sleep(2 * silence).await;
             assert!(link.is_up(), "a link whose engine was taking bytes was closed after {:?}", t0.elapsed());

@@ -19,7 +19,7 @@
 //! answers management calls 503 `store_unavailable` instead of acting on
 //! what it last saw.
 
-use crate::store::{Meta, StoreError};
+use crate::store::{KeyPut, Meta, StoreError};
 use api::keys::KeyRecord;
 use api::spec::FunctionSpec;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -255,9 +255,32 @@ impl Meta for Etcd {
         true
     }
 
-    fn put_key(&self, name: &str, key: &KeyRecord) -> Result<(), StoreError> {
+    fn put_key(&self, name: &str, key: &KeyRecord, max: usize) -> Result<KeyPut, StoreError> {
+        // The count is read first (a key made at the same moment through
+        // another gateway may pass it); the function's presence and the
+        // id's freshness are compared in the write's transaction.
+        if self.range(&self.key("keys", &format!("{name}/")))?.len() >= max {
+            return Ok(KeyPut::Full);
+        }
         let bytes = serde_json::to_vec(key).map_err(|e| StoreError::Db(e.to_string()))?;
-        self.put_raw(&self.key("keys", &format!("{name}/{}", key.id)), &bytes)
+        let id_key = self.key("keys", &format!("{name}/{}", key.id));
+        let function = self.key("functions", name);
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": [
+                    { "key": b64(&function), "target": "VERSION", "result": "GREATER", "version": "0" },
+                    { "key": b64(&id_key), "target": "CREATE", "result": "EQUAL", "create_revision": "0" },
+                ],
+                "success": [put_op(&id_key, &bytes)],
+                "failure": [{ "request_range": { "key": b64(&function) } }],
+            }),
+        )?;
+        if v["succeeded"].as_bool().unwrap_or(false) {
+            return Ok(KeyPut::Stored);
+        }
+        let exists = v["responses"][0]["response_range"]["kvs"].as_array().is_some_and(|a| !a.is_empty());
+        Ok(if exists { KeyPut::IdTaken } else { KeyPut::NoFunction })
     }
 
     fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError> {

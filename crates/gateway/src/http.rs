@@ -12,6 +12,7 @@ use crate::control::ControlError;
 use crate::engine_link::Reply;
 use crate::inputs;
 use crate::keys::Verdict;
+use crate::store::KeyPut;
 use crate::{GwShared, ThreadState};
 use api::control as ctl;
 use api::spec::Auth;
@@ -110,22 +111,29 @@ fn wrong_type(want: &str, got: &str) -> Resp {
     error_resp(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", &format!("send {want}, not {got}"), None)
 }
 
+/// The answer to a call of a function that needs an invoke key, without
+/// one of its keys.
+fn refused(sh: &GwShared, th: &ThreadState, name: &str, verdict: &Verdict, start: Instant) -> Resp {
+    sh.metrics.record(th.index(), name, "unauthorized", start.elapsed().as_secs_f64());
+    let msg = if *verdict == Verdict::Missing {
+        format!(
+            "function {name} needs an invoke key: send Authorization: Bearer <key> (make one with \
+             `staccato key create {name}`)"
+        )
+    } else {
+        format!("that is not an invoke key of function {name} (wrong, or revoked)")
+    };
+    let mut r = error_resp(StatusCode::UNAUTHORIZED, "unauthorized", &msg, None);
+    r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
 async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incoming>) -> Resp {
     let start = Instant::now();
-    let verdict = sh.keys.check(name, inputs::bearer(req.headers()));
+    let bearer = inputs::bearer(req.headers()).to_vec();
+    let verdict = sh.keys.check(name, &bearer);
     if matches!(verdict, Verdict::Missing | Verdict::Wrong) {
-        sh.metrics.record(th.index(), name, "unauthorized", start.elapsed().as_secs_f64());
-        let msg = if verdict == Verdict::Missing {
-            format!(
-                "function {name} needs an invoke key: send Authorization: Bearer <key> (make one with \
-                 `staccato key create {name}`)"
-            )
-        } else {
-            format!("that is not an invoke key of function {name} (wrong, or revoked)")
-        };
-        let mut r = error_resp(StatusCode::UNAUTHORIZED, "unauthorized", &msg, None);
-        r.headers_mut().insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return r;
+        return refused(sh, th, name, &verdict, start);
     }
     let call_id = th.next_call_id();
     let mut served_by: Option<Arc<Engine>> = None;
@@ -152,12 +160,26 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                 let (input, timeout_ms) = (body.to_bytes(), timeout_ms.unwrap_or(0));
                 // Counted in its engine's calls in flight until answered, or
                 // until the client goes away (the future is dropped).
-                let sent = th
-                    .send_call(sh, name, (None, timeout_ms), |l, left_ms| {
-                        let input = &input;
-                        async move { l.link.call(call_id, left_ms, name, input).await }
+                let input = &input;
+                let send = |checked: bool| {
+                    th.send_call(sh, name, (None, timeout_ms), move |l, left_ms| async move {
+                        l.link.call(call_id, left_ms, name, input, checked).await
                     })
-                    .await;
+                };
+                let mut sent = send(verdict == Verdict::Allowed).await;
+                // Sent unchecked and refused: the engine knows the function
+                // needs a key and this gateway did not yet. Judged again on
+                // what the store says now (the engine never lets it through).
+                if verdict == Verdict::Open
+                    && matches!(&sent, Some((Reply::Err(ErrorKind::EngineUnavailable, m, _), _)) if m.contains("invoke key"))
+                {
+                    sh.keys.refresh();
+                    match sh.keys.check(name, &bearer) {
+                        Verdict::Allowed => sent = send(true).await,
+                        Verdict::Open => {}
+                        v => return refused(sh, th, name, &v, start),
+                    }
+                }
                 let reply = match sent {
                     None => Reply::Err(
                         ErrorKind::EngineUnavailable,
@@ -582,9 +604,10 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         if let Err(e) = sh.store.put(&spec, chosen) {
             return store_error(&e);
         }
-        if spec.auth == Auth::None {
-            sh.keys.refresh();
-        }
+        // What the store says now (a key request may have read the store
+        // between `require` and here; the engines refuse unchecked calls
+        // of a function that needs a key meanwhile).
+        sh.keys.refresh();
         if let Some(ids) = chosen.filter(|ids| ids.len() < spec.placement.engines as usize) {
             said.push(format!(
                 "placed on {} of the {} engines asked for: no more engines here are admitted by its placement; \
@@ -632,7 +655,6 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
         Err(e) => return store_error(&e),
     };
     sh.placements.remove(name);
-    sh.keys.refresh();
     let mut in_engine = false;
     for (e, answer) in to_all(sh, ctl::Request::Unregister { name: name.to_string() }, Vec::new()).await {
         match answer {
@@ -647,6 +669,9 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
             Err(err) => return control_error_at(&err, &e.id),
         }
     }
+    // After the engines dropped it (until then, those running it refuse
+    // unchecked calls of it if it needs a key, whatever this table says).
+    sh.keys.refresh();
     if !in_store && !in_engine {
         return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None);
     }
@@ -682,24 +707,32 @@ fn create_key(sh: &GwShared, name: &str) -> Resp {
         }
         Err(e) => return store_error(&e),
     };
-    let have = match sh.store.keys_of(name) {
-        Ok(k) => k.len(),
-        Err(e) => return store_error(&e),
-    };
-    if have >= api::keys::KEYS_MAX {
-        let msg = format!(
-            "function {name} has {have} invoke keys, the most it may have: remove one first (`staccato key rm {name} ID`)"
-        );
-        return error_resp(StatusCode::CONFLICT, "conflict", &msg, None);
-    }
     let (key, record) = match api::keys::new_key(crate::store::unix_ms()) {
         Ok(k) => k,
         Err(e) => {
             return error_resp(StatusCode::INTERNAL_SERVER_ERROR, "internal", &format!("no randomness: {e}"), None)
         }
     };
-    if let Err(e) = sh.store.put_key(name, &record) {
-        return store_error(&e);
+    // Stored only if the function is still there, has room, and no key has
+    // that id (checked with the write, in one transaction).
+    match sh.store.put_key(name, &record, api::keys::KEYS_MAX) {
+        Ok(KeyPut::Stored) => {}
+        Ok(KeyPut::NoFunction) => {
+            return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None)
+        }
+        Ok(KeyPut::Full) => {
+            let msg = format!(
+                "function {name} has {} invoke keys, the most it may have: remove one first (`staccato key rm \
+                 {name} ID`)",
+                api::keys::KEYS_MAX
+            );
+            return error_resp(StatusCode::CONFLICT, "conflict", &msg, None);
+        }
+        Ok(KeyPut::IdTaken) => {
+            let msg = "a key with the same id was made at the same moment; try again";
+            return error_resp(StatusCode::CONFLICT, "conflict", msg, None);
+        }
+        Err(e) => return store_error(&e),
     }
     sh.keys.refresh();
     let mut body = json!({ "function": name, "id": record.id, "key": key, "created_ms": record.created_ms });

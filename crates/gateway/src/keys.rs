@@ -54,10 +54,15 @@ impl Keys {
     }
 
     /// Reads the store again, logging (not failing) if it cannot: what was
-    /// read last stays in force.
-    pub fn refresh(&self) {
-        if let Err(e) = self.reload() {
-            log::warn!("reading invoke keys from the store: {e}");
+    /// read last stays in force (engines refuse unchecked calls of
+    /// functions that need a key whatever it says). Whether it could.
+    pub fn refresh(&self) -> bool {
+        match self.reload() {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("reading invoke keys from the store: {e}");
+                false
+            }
         }
     }
 
@@ -126,8 +131,24 @@ mod tests {
 
         let (k1, r1) = api::keys::new_key(1).unwrap();
         let (k2, r2) = api::keys::new_key(2).unwrap();
-        store.put_key("locked", &r1).unwrap();
-        store.put_key("locked", &r2).unwrap();
+        use crate::store::KeyPut;
+        assert_eq!(store.put_key("locked", &r1, 16).unwrap(), KeyPut::Stored);
+        assert_eq!(store.put_key("locked", &r2, 16).unwrap(), KeyPut::Stored);
+        assert_eq!(store.put_key("locked", &r2, 16).unwrap(), KeyPut::IdTaken);
+        assert_eq!(store.put_key("nosuch", &r1, 16).unwrap(), KeyPut::NoFunction);
+        assert_eq!(store.put_key("locked", &api::keys::new_key(3).unwrap().1, 2).unwrap(), KeyPut::Full);
+        // Neighbours in the table's order keep their keys when one goes:
+        // a-b, a_b, a0 and ab around a.
+        for n in ["a", "a-b", "a_b", "a0", "ab"] {
+            store.put(&spec(n, Auth::Key), None).unwrap();
+            assert_eq!(store.put_key(n, &api::keys::new_key(4).unwrap().1, 16).unwrap(), KeyPut::Stored);
+        }
+        assert!(store.remove("a").unwrap());
+        let left = store.keys().unwrap();
+        assert!(!left.contains_key("a"));
+        for n in ["a-b", "a_b", "a0", "ab"] {
+            assert_eq!(left[n].len(), 1, "{n} lost its key when a was removed");
+        }
         assert_eq!(keys.check("locked", k1.as_bytes()), Verdict::Wrong, "not read again yet");
         keys.reload().unwrap();
         assert_eq!(keys.check("locked", k1.as_bytes()), Verdict::Allowed);

@@ -430,14 +430,17 @@ fn watch_store(store: Arc<Store>, placements: Arc<Placements>, engines: Arc<Engi
                 continue;
             }
             // Keys made or revoked, and `auth` changed, through another
-            // gateway: in force here within WATCH_EVERY.
-            keys.refresh();
+            // gateway: in force here within WATCH_EVERY. Read again at the
+            // next tick if the read failed.
+            let keys_read = keys.refresh();
             match placements.reload() {
                 // A deploy here changed a route while the store was read:
                 // read again at the next tick.
                 Ok(None) => {}
                 Ok(Some(_)) => {
-                    seen = r;
+                    if keys_read {
+                        seen = r;
+                    }
                     for e in engines.snapshot().iter() {
                         e.control.nudge();
                     }

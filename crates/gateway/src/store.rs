@@ -92,12 +92,22 @@ pub trait Meta: Send + Sync {
     }
     /// What it is, for the log.
     fn describe(&self) -> String;
-    /// Stores one invoke key's record for function `name`.
-    fn put_key(&self, name: &str, key: &KeyRecord) -> Result<(), StoreError>;
+    /// Stores one invoke key's record for function `name`, if the function
+    /// is stored, has fewer than `max` keys and none with that id.
+    fn put_key(&self, name: &str, key: &KeyRecord, max: usize) -> Result<KeyPut, StoreError>;
     /// Removes key `id` of `name`; whether it was there.
     fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError>;
     /// Every function's invoke keys (functions without keys are left out).
     fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError>;
+}
+
+/// What [`Meta::put_key`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum KeyPut {
+    Stored,
+    NoFunction,
+    Full,
+    IdTaken,
 }
 
 pub struct Store {
@@ -243,8 +253,8 @@ impl Store {
         self.meta.placements()
     }
 
-    pub fn put_key(&self, name: &str, key: &KeyRecord) -> Result<(), StoreError> {
-        self.meta.put_key(name, key)
+    pub fn put_key(&self, name: &str, key: &KeyRecord, max: usize) -> Result<KeyPut, StoreError> {
+        self.meta.put_key(name, key, max)
     }
 
     pub fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError> {
@@ -353,14 +363,7 @@ impl Meta for Local {
             // Its keys go with it: a new function of the same name starts
             // with none.
             let mut t = tx.open_table(KEYS).map_err(db)?;
-            let prefix = format!("{name}/");
-            let ids: Vec<String> = t
-                .range(prefix.as_str()..)
-                .map_err(db)?
-                .map_while(|row| row.ok().map(|(k, _)| k.value().to_string()))
-                .take_while(|k| k.starts_with(&prefix))
-                .collect();
-            for k in ids {
+            for k in key_names(&t, name)? {
                 t.remove(k.as_str()).map_err(db)?;
             }
         }
@@ -397,11 +400,26 @@ impl Meta for Local {
         self.stamps(STORED_AT)
     }
 
-    fn put_key(&self, name: &str, key: &KeyRecord) -> Result<(), StoreError> {
+    fn put_key(&self, name: &str, key: &KeyRecord, max: usize) -> Result<KeyPut, StoreError> {
         let bytes = serde_json::to_vec(key).map_err(db)?;
         let tx = self.db.begin_write().map_err(db)?;
-        tx.open_table(KEYS).map_err(db)?.insert(format!("{name}/{}", key.id).as_str(), bytes.as_slice()).map_err(db)?;
-        tx.commit().map_err(db)
+        let verdict = {
+            let stored = tx.open_table(FUNCTIONS).map_err(db)?.get(name).map_err(db)?.is_some();
+            let mut t = tx.open_table(KEYS).map_err(db)?;
+            let id = format!("{name}/{}", key.id);
+            if !stored {
+                KeyPut::NoFunction
+            } else if key_names(&t, name)?.len() >= max {
+                KeyPut::Full
+            } else if t.get(id.as_str()).map_err(db)?.is_some() {
+                KeyPut::IdTaken
+            } else {
+                t.insert(id.as_str(), bytes.as_slice()).map_err(db)?;
+                KeyPut::Stored
+            }
+        };
+        tx.commit().map_err(db)?;
+        Ok(verdict)
     }
 
     fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError> {
@@ -423,14 +441,34 @@ impl Meta for Local {
     }
 }
 
+/// The `NAME/ID` rows of function `name` in the keys table. Names are
+/// `[a-z][a-z0-9_-]*`: every row of `a` sorts after `a-b`'s and before
+/// `a0`, `a_b` and `ab`'s (`-` < `/` < `0` < `_` < `a`), so they are
+/// contiguous from `a/`.
+fn key_names(t: &impl ReadableTable<&'static str, &'static [u8]>, name: &str) -> Result<Vec<String>, StoreError> {
+    let prefix = format!("{name}/");
+    let mut out = Vec::new();
+    for row in t.range(prefix.as_str()..).map_err(db)? {
+        let k = row.map_err(db)?.0.value().to_string();
+        if !k.starts_with(&prefix) {
+            break;
+        }
+        out.push(k);
+    }
+    Ok(out)
+}
+
 /// Key records stored as `NAME/ID` → JSON, grouped by function, oldest
-/// first.
+/// first. A record that does not parse is left out (logged): its function
+/// keeps its other keys, and still needs one.
 pub(crate) fn keys_from(rows: Vec<(String, Vec<u8>)>) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError> {
     let mut out: HashMap<String, Vec<KeyRecord>> = HashMap::new();
     for (k, v) in rows {
         let Some((name, _)) = k.split_once('/') else { continue };
-        let rec: KeyRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(name.to_string(), e))?;
-        out.entry(name.to_string()).or_default().push(rec);
+        match serde_json::from_slice::<KeyRecord>(&v) {
+            Ok(rec) => out.entry(name.to_string()).or_default().push(rec),
+            Err(e) => log::error!("the function store holds a corrupt invoke key record {k:?} ({e}); it is ignored"),
+        }
     }
     for recs in out.values_mut() {
         recs.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));

@@ -63,17 +63,27 @@ pub fn run(c: &mut Gateway, cmd: KeyCmd) -> Result<()> {
         }
         KeyCmd::Rotate { function, json } => {
             crate::function_name(&function)?;
-            let old = list(c, &function)?;
-            let made = create(c, &function)?;
+            let made = create(c, &function).context("making the new key (at 16 keys, remove one first)")?;
+            // The new key first: whatever happens next, it is not lost.
+            print_made(&made, json)?;
             let new_id = made["id"].as_str().unwrap_or_default().to_string();
-            for k in old["keys"].as_array().into_iter().flatten() {
+            // Listed after the new key was made: a key made meanwhile by
+            // someone else goes too ("every older one").
+            for k in list(c, &function)?["keys"].as_array().into_iter().flatten() {
                 let id = k["id"].as_str().unwrap_or_default();
-                if id != new_id {
-                    remove(c, &function, id)?;
-                    eprintln!("revoked key {id} of {function}");
+                if id == new_id {
+                    continue;
                 }
+                let r = c
+                    .request("DELETE", &format!("/system/keys/{function}/{id}"), b"")
+                    .context("cannot reach the gateway")?;
+                // 404: revoked already (another rotate).
+                if r.status != 404 {
+                    check(&r)?;
+                }
+                eprintln!("revoked key {id} of {function}");
             }
-            print_made(&made, json)
+            Ok(())
         }
     }
 }

@@ -117,6 +117,14 @@ impl FrameHeader {
         self.b
     }
 
+    /// `Call`: whether the gateway checked the caller's invoke key against
+    /// the function's keys (`c` bit 0). An engine refuses a call of a
+    /// function that needs a key without it.
+    pub fn call_key_checked(&self) -> bool {
+        debug_assert_eq!(self.kind, FrameKind::Call);
+        self.c & CALL_KEY_CHECKED != 0
+    }
+
     /// `Forward`: how many calls are above this one in its chain, on every
     /// server it crossed (the callee's engine counts on from there).
     pub fn forward_depth(&self) -> u32 {
@@ -228,11 +236,20 @@ pub fn frame(kind: FrameKind, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `Call` frames, `c`: the gateway checked an invoke key for this call.
+pub const CALL_KEY_CHECKED: u32 = 1;
+
 /// Builds a complete `Call` frame: header, function name, input.
 pub fn call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Vec<u8> {
+    checked_call_frame(call_id, timeout_ms, name, input, false)
+}
+
+/// [`call_frame`], saying whether the gateway checked an invoke key.
+pub fn checked_call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8], key_checked: bool) -> Vec<u8> {
     let mut h = FrameHeader::new(FrameKind::Call, call_id, name.len() + input.len());
     h.a = timeout_ms;
     h.b = name.len() as u32;
+    h.c = if key_checked { CALL_KEY_CHECKED } else { 0 };
     let mut out = Vec::with_capacity(FRAME_HEADER_LEN + name.len() + input.len());
     out.extend_from_slice(&h.encode());
     out.extend_from_slice(name.as_bytes());
