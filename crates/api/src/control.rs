@@ -7,6 +7,7 @@
 //! follows its JSON in the same frame (header field `a` gives the JSON's
 //! length). An answer is `{"ok": REPLY}` or `{"refused": {"kind", "message"}}`.
 
+use crate::secrets::SecretValues;
 use crate::spec::FunctionSpec;
 use serde::{Deserialize, Serialize};
 use std::io::{self, Read, Write};
@@ -24,7 +25,13 @@ const _: () = assert!(CONTROL_BODY_MAX <= wire::frame::FRAME_BODY_LEN_MAX, "a re
 pub enum Request {
     /// Build and start a function (replacing one of the same name); the
     /// frame's attachment is its source archive, whose digest the spec names.
-    Register { spec: FunctionSpec },
+    /// `secrets`: the values of the secrets the spec names (never logged:
+    /// their Debug shows sizes only).
+    Register {
+        spec: FunctionSpec,
+        #[serde(default, skip_serializing_if = "SecretValues::is_empty")]
+        secrets: SecretValues,
+    },
     /// Stop a function for good.
     Unregister { name: String },
     /// Every function the engine runs, and how.
@@ -334,7 +341,7 @@ mod tests {
             "name": "f", "runtime": "python", "source": format!("sha256:{}", "0".repeat(64))
         }))
         .unwrap();
-        let reg = Request::Register { spec };
+        let reg = Request::Register { spec, secrets: SecretValues::default() };
         assert_eq!(roundtrip_request(&reg, b"archive bytes").unwrap(), (reg, b"archive bytes".to_vec()));
     }
 

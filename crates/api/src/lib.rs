@@ -12,7 +12,8 @@
 //!   connection that follows it;
 //! * [`cluster`]: engines joining gateways, and a gateway's engine table;
 //! * [`http`]: what the gateway's and the engine's HTTP front doors share;
-//! * [`keys`]: per-function invoke keys.
+//! * [`keys`]: per-function invoke keys;
+//! * [`secrets`]: secret names and values on their way to an engine.
 #![forbid(unsafe_code)]
 
 pub mod archive;
@@ -23,5 +24,6 @@ pub mod http;
 pub mod keys;
 pub mod link;
 pub mod manifest;
+pub mod secrets;
 pub mod spec;
 pub mod units;

@@ -21,6 +21,7 @@
 //!       engines: 2             # on two engines (0: all)
 //!       labels: { zone: a }    # that joined with --label zone=a
 //!     auth: key                # calls need an invoke key (default: none)
+//!     secrets: [db-password]   # read at /var/secrets/db-password
 //! ```
 //!
 //! Every error names the line it is about.
@@ -77,6 +78,8 @@ struct Entry {
     placement: spec::Placement,
     #[serde(default)]
     auth: spec::Auth,
+    #[serde(default)]
+    secrets: Vec<String>,
 }
 
 /// One function of a manifest: its settings, and the directory on the
@@ -134,6 +137,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
             cpu_shares: e.cpu_shares,
             placement: e.placement,
             auth: e.auth,
+            secrets: e.secrets,
         };
         s.validate_settings().map_err(err)?;
         out.push(ManifestFunction { spec: s, source_dir });
@@ -235,6 +239,13 @@ mod tests {
 
         let e = parse("functions: [", &base()).unwrap_err();
         assert!(e.line >= 1, "{e}");
+
+        let y = "functions:\n  a:\n    runtime: python\n    secrets: [ok, ../../etc/shadow]\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert!(e.message.contains("invalid secret name") && e.line == 2, "{e}");
+        let y = "functions:\n  a:\n    runtime: python\n    secrets: [pw, pw]\n";
+        let e = parse(y, &base()).unwrap_err();
+        assert!(e.message.contains("named twice"), "{e}");
 
         let y = "functions:\n  a:\n    runtime: python\n    auth: password\n";
         let e = parse(y, &base()).unwrap_err();

@@ -85,6 +85,10 @@ pub struct FunctionSpec {
     /// before invoke keys keeps its fingerprint.
     #[serde(default, skip_serializing_if = "Auth::is_none")]
     pub auth: Auth,
+    /// Secrets it reads at `/var/secrets/NAME` (names only: values travel
+    /// apart, see [`crate::secrets`]). Left out when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// Who may call a function from outside (internal calls are always
@@ -381,6 +385,27 @@ impl FunctionSpec {
             crate::cluster::check_label(k, v)
                 .map_err(|e| SpecError::new("placement", format!("placement.labels: {e}")))?;
         }
+        if self.secrets.len() > crate::secrets::SECRETS_PER_FUNCTION_MAX {
+            return Err(SpecError::new(
+                "secrets",
+                format!(
+                    "at most {} secrets per function, got {}",
+                    crate::secrets::SECRETS_PER_FUNCTION_MAX,
+                    self.secrets.len()
+                ),
+            ));
+        }
+        for (i, name) in self.secrets.iter().enumerate() {
+            if !crate::secrets::valid_name(name) {
+                return Err(SpecError::new(
+                    "secrets",
+                    format!("invalid secret name {name:?}: {}", crate::secrets::name_rule()),
+                ));
+            }
+            if self.secrets[..i].contains(name) {
+                return Err(SpecError::new("secrets", format!("secret {name} is named twice")));
+            }
+        }
         Ok(())
     }
 
@@ -447,6 +472,7 @@ mod tests {
             cpu_shares: None,
             placement: Placement::default(),
             auth: Auth::None,
+            secrets: Vec::new(),
         }
     }
 

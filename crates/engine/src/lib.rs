@@ -17,6 +17,7 @@ pub mod front;
 mod io_thread;
 mod remote;
 pub mod scheduler;
+mod secrets;
 mod shared;
 pub use api::spec;
 mod supervisor;
@@ -101,6 +102,9 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         None => None,
     };
     let builds = build::Builds::new(&cfg);
+    // Secrets a previous engine of this IPC directory wrote: its
+    // gateways register every function again, with their values.
+    let _ = std::fs::remove_dir_all(cfg.ipc_dir.join(secrets::ROOT));
     // The log FIFOs: beside the functions' IPC directories, never inside one.
     let fifos = cfg.ipc_dir.join(LOG_FIFOS);
     std::fs::create_dir_all(&fifos)?;

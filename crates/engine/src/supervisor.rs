@@ -16,6 +16,7 @@ use crate::shared::{Cmd, FnCore, Function, Launcher, LauncherState, Outcome, Sha
 use crate::spec::FunctionSpec;
 use crate::Error;
 use api::control::{Refusal, RefusalKind, Reply, Request};
+use api::secrets::SecretValues;
 use std::collections::HashMap;
 use std::fs::{self, File};
 use std::path::PathBuf;
@@ -51,7 +52,7 @@ pub(crate) fn run(shared: Arc<Shared>, rx: Receiver<SupervisorCmd>) {
         match rx.recv_timeout(wait) {
             Ok(SupervisorCmd::StartLauncher(f)) => sup.start_launcher(&f),
             Ok(SupervisorCmd::Control(req, attachment, reply)) => match *req {
-                Request::Register { spec } => sup.begin_deploy(spec, attachment, reply),
+                Request::Register { spec, secrets } => sup.begin_deploy(spec, secrets, attachment, reply),
                 req => {
                     let _ = reply.send(sup.control(req));
                 }
@@ -93,8 +94,9 @@ struct Supervisor {
     /// removal asked for; with `next_deploy`, the last one asked wins.
     deploys: HashMap<String, u64>,
     next_deploy: u64,
-    /// Deploys building, by sequence number: the name, and who to answer.
-    building: HashMap<u64, (String, ReplyTx)>,
+    /// Deploys building, by sequence number: the name, who to answer, and
+    /// the values of the secrets it names.
+    building: HashMap<u64, (String, ReplyTx, SecretValues)>,
     /// Deploys built, whose launcher is starting.
     starting: Vec<Starting>,
 }
@@ -133,10 +135,20 @@ impl Supervisor {
 
     /// Checks a registration and starts its build on a thread of its own;
     /// the answer is sent once it is built and started (or failed).
-    fn begin_deploy(&mut self, spec: FunctionSpec, archive: Vec<u8>, reply: ReplyTx) {
+    fn begin_deploy(&mut self, spec: FunctionSpec, secrets: SecretValues, archive: Vec<u8>, reply: ReplyTx) {
         let invalid = |m: String| Refusal::new(RefusalKind::InvalidSpec, m);
         let checked = (|| {
             spec.validate().map_err(|e| invalid(e.to_string()))?;
+            secrets.check().map_err(|e| invalid(format!("secrets: {e}")))?;
+            let sent: Vec<&String> = secrets.0.keys().collect();
+            let mut named: Vec<&String> = spec.secrets.iter().collect();
+            named.sort();
+            if sent != named {
+                return Err(invalid(format!(
+                    "the secrets sent ({sent:?}) are not the ones the spec names ({:?})",
+                    spec.secrets
+                )));
+            }
             spec.validate_for_host(self.shared.memory_total_bytes).map_err(|e| invalid(e.to_string()))?;
             let digest = api::archive::digest(&archive);
             if digest != spec.source {
@@ -185,7 +197,7 @@ impl Supervisor {
         match spawned {
             Ok(_) => {
                 self.deploys.insert(name.clone(), seq);
-                self.building.insert(seq, (name, reply));
+                self.building.insert(seq, (name, reply, secrets));
             }
             Err(e) => {
                 let _ = reply.send(Err(Refusal::new(RefusalKind::Internal, format!("starting the build: {e}"))));
@@ -196,7 +208,7 @@ impl Supervisor {
     /// A deploy is built: start its launcher, unless a newer deploy or a
     /// removal of the same name was asked for meanwhile.
     fn built(&mut self, b: Built) {
-        let Some((_, reply)) = self.building.remove(&b.seq) else { return };
+        let Some((_, reply, secrets)) = self.building.remove(&b.seq) else { return };
         let newest = self.newest(&b.name, b.seq);
         let (spec, deps) = match (b.spec, b.deps) {
             (Some(spec), Ok(deps)) if newest => (spec, deps),
@@ -220,8 +232,15 @@ impl Supervisor {
         };
         let shared = self.shared.clone();
         let cfg = &shared.cfg;
+        let dir = cfg.ipc_dir.join(format!("{}.{}", spec.name, b.generation));
+        if let Err(e) = crate::secrets::write(&dir, &secrets) {
+            self.remove_code(&spec.name, &b.code_dir);
+            let _ = reply.send(Err(internal(format!("writing the function's secrets: {e}"))));
+            self.forget_deploy(&spec.name);
+            return;
+        }
         let func = Arc::new(Function {
-            dir: cfg.ipc_dir.join(format!("{}.{}", spec.name, b.generation)),
+            dir,
             log,
             code_dir: b.code_dir,
             deps,
@@ -266,7 +285,7 @@ impl Supervisor {
 
     /// Whether a deploy of `name` is building or starting.
     fn deploying(&self, name: &str) -> bool {
-        self.building.values().any(|(n, _)| n == name) || self.starting.iter().any(|st| st.func.spec.name == name)
+        self.building.values().any(|(n, _, _)| n == name) || self.starting.iter().any(|st| st.func.spec.name == name)
     }
 
     /// Forgets `name`'s sequence number once nothing of it is under way:
@@ -525,6 +544,7 @@ impl Supervisor {
             }
         }
         let _ = fs::remove_dir_all(&f.dir);
+        crate::secrets::remove(&f.dir);
         self.remove_code(&f.spec.name, &f.code_dir);
     }
 
@@ -566,6 +586,7 @@ impl Supervisor {
         // start made again goes (the start stopped its launcher itself).
         if f.lock_core().removed && self.draining.iter().all(|d| !Arc::ptr_eq(&d.f, &f)) {
             let _ = fs::remove_dir_all(&f.dir);
+            crate::secrets::remove(&f.dir);
         }
         match launched {
             Some(Launched::Process(child)) => self.children.push((child, f)),
@@ -696,6 +717,10 @@ fn spawn_launcher(shared: &Shared, f: &Arc<Function>) -> crate::Result<Option<La
         .stdin(Stdio::null())
         .stdout(writer()?)
         .stderr(writer()?);
+    if !f.spec.secrets.is_empty() {
+        // No isolation here: the engine's user can read them anyway.
+        cmd.env("STACCATO_SECRETS_DIR", crate::secrets::dir_of(&f.dir));
+    }
     sys::process::kill_child_with_parent(&mut cmd);
     let mut child = cmd.spawn().map_err(Error::io(format!("running {:?}", cmd.get_program())))?;
     let pid = child.id();
@@ -765,6 +790,12 @@ fn spawn_in_container(
             sandbox::Mount { src: f.code_dir.clone(), dst: CONTAINER_CODE.into(), read_only: true, exec: false },
             sandbox::Mount { src: f.dir.clone(), dst: CONTAINER_IPC.into(), read_only: false, exec: false },
         ];
+        if !f.spec.secrets.is_empty() {
+            // Readable by this container's user only, read-only inside.
+            let src = crate::secrets::give(&f.dir, c.uid).map_err(Error::io("giving the secrets"))?;
+            mounts.push(sandbox::Mount { src, dst: api::secrets::SECRETS_DIR.into(), read_only: true, exec: false });
+            env.push(("STACCATO_SECRETS_DIR".into(), api::secrets::SECRETS_DIR.into()));
+        }
         mounts.extend(crate::code::View::dep_mounts(&f.deps));
         let limits =
             sandbox::Limits { memory_bytes: f.spec.memory_bytes, pids: f.spec.pids, cpu_shares: f.spec.cpu_shares };

@@ -79,9 +79,11 @@ fn register(f: &Fixture, name: &str, max_queue: u32) {
         cpu_shares: None,
         placement: Default::default(),
         auth: Default::default(),
+        secrets: Vec::new(),
     };
     let mut c = connect(f, Role::Control);
-    api::control::write_request(&mut c, &Request::Register { spec }, &archive).expect("send register");
+    api::control::write_request(&mut c, &Request::Register { spec, secrets: Default::default() }, &archive)
+        .expect("send register");
     match api::control::read_answer(&mut c).expect("answer") {
         Ok(Reply::Registered { .. }) => {}
         other => panic!("registration failed: {other:?}"),

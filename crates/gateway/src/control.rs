@@ -435,7 +435,15 @@ fn reconcile(
                 continue;
             }
         };
-        let req = Request::Register { spec };
+        let secrets = match store.secret_values(&spec.secrets) {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("restoring function {name}: {e} (deploy it again)");
+                failed.insert(fingerprint);
+                continue;
+            }
+        };
+        let req = Request::Register { spec, secrets };
         // A busy engine (building as many deploys as it may) is asked again.
         let mut answer = roundtrip(c, &req, &archive);
         for _ in 0..RESTORE_BUSY_RETRIES {

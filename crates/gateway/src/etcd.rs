@@ -19,6 +19,7 @@
 //! answers management calls 503 `store_unavailable` instead of acting on
 //! what it last saw.
 
+use crate::secrets::SecretRecord;
 use crate::store::{KeyPut, Meta, StoreError};
 use api::keys::KeyRecord;
 use api::spec::FunctionSpec;
@@ -291,6 +292,40 @@ impl Meta for Etcd {
 
     fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError> {
         crate::store::keys_from(self.range(&self.key("keys", ""))?)
+    }
+
+    fn put_secret(&self, name: &str, rec: &SecretRecord, create: bool) -> Result<bool, StoreError> {
+        let bytes = serde_json::to_vec(rec).map_err(|e| StoreError::Db(e.to_string()))?;
+        let key = self.key("secrets", name);
+        let compare = if create {
+            json!({ "key": b64(&key), "target": "CREATE", "result": "EQUAL", "create_revision": "0" })
+        } else {
+            json!({ "key": b64(&key), "target": "VERSION", "result": "GREATER", "version": "0" })
+        };
+        let v = self.call("/v3/kv/txn", &json!({ "compare": [compare], "success": [put_op(&key, &bytes)] }))?;
+        Ok(v["succeeded"].as_bool().unwrap_or(false))
+    }
+
+    fn secret(&self, name: &str) -> Result<Option<SecretRecord>, StoreError> {
+        match self.get_key(&self.key("secrets", name))? {
+            Some(v) => Ok(Some(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(name.into(), e))?)),
+            None => Ok(None),
+        }
+    }
+
+    fn secrets(&self) -> Result<Vec<(String, SecretRecord)>, StoreError> {
+        let mut out = Vec::new();
+        for (name, v) in self.range(&self.key("secrets", ""))? {
+            let rec = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(name.clone(), e))?;
+            out.push((name, rec));
+        }
+        Ok(out)
+    }
+
+    fn remove_secret(&self, name: &str) -> Result<bool, StoreError> {
+        let v = self.txn(vec![delete_op(&self.key("secrets", name))])?;
+        let deleted = &v["responses"][0]["response_delete_range"]["deleted"];
+        Ok(deleted.as_str().and_then(|d| d.parse::<u64>().ok()).or(deleted.as_u64()).unwrap_or(0) > 0)
     }
 
     fn removed(&self) -> Result<HashMap<String, u64>, StoreError> {

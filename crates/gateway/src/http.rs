@@ -289,6 +289,28 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
         (&Method::GET, ["keys", name]) => list_keys(sh, name),
         (&Method::POST, ["keys", name]) => create_key(sh, name),
         (&Method::DELETE, ["keys", name, id]) => remove_key(sh, name, id),
+        (&Method::GET, ["secrets"]) => list_secrets(sh),
+        (&Method::POST, ["secrets"]) | (&Method::PUT, ["secrets", _]) => {
+            let ct = inputs::content_type(req.headers());
+            if ct != "application/json" {
+                return wrong_type("application/json", &ct);
+            }
+            let named = segs.get(1).map(|s| s.to_string());
+            // A value of at most 64 KiB, in base64, and its JSON around it.
+            let body = match Limited::new(req.into_body(), 96 << 10).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    return error_resp(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "payload_too_large",
+                        &format!("a secret's request is at most 96 KiB ({e})"),
+                        None,
+                    )
+                }
+            };
+            put_secret(sh, named.as_deref(), &body)
+        }
+        (&Method::DELETE, ["secrets", name]) => remove_secret(sh, name),
         (&Method::GET, ["logs", name]) => logs(sh, name, &query).await,
         (&Method::GET, ["trace"]) => {
             let (function, limit) = inputs::trace_query(&query);
@@ -463,6 +485,7 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
             "max_workers": s.max_workers,
             "timeout_ms": s.timeout_ms,
             "auth": s.auth.name(),
+            "secrets": s.secrets,
             "env": s.env,
             "status": st,
             "engines": engines,
@@ -538,6 +561,19 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
     if let Err(e) = sh.store.revision() {
         return store_error(&e);
     }
+    // The values of the secrets each function names: a missing one refuses
+    // the whole manifest.
+    let mut values = Vec::with_capacity(specs.len());
+    for spec in &specs {
+        match sh.store.secret_values(&spec.secrets) {
+            Ok(v) => values.push(v),
+            Err(e @ crate::store::StoreError::NoSecret(_)) => {
+                let msg = format!("function {}: {e}", spec.name);
+                return error_resp(StatusCode::BAD_REQUEST, "bad_request", &msg, None);
+            }
+            Err(e) => return store_error(&e),
+        }
+    }
     for spec in &specs {
         let has = match sh.store.has_source(&spec.source) {
             Ok(has) => has,
@@ -566,7 +602,7 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
     let mut deployed = Vec::new();
     let mut notes = serde_json::Map::new();
     let mut placed = serde_json::Map::new();
-    for (spec, route) in specs.into_iter().zip(routes) {
+    for ((spec, route), secrets) in specs.into_iter().zip(routes).zip(values) {
         let archive = match sh.store.source(&spec.source) {
             Ok(a) => a,
             Err(e) => return store_error(&e),
@@ -585,7 +621,8 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
         let (on, off): (Vec<Arc<Engine>>, Vec<Arc<Engine>>) =
             table.iter().cloned().partition(|e| route.as_ref().is_none_or(|r| r.serves(&e.id, &e.labels)));
         let mut said: Vec<String> = Vec::new();
-        for (e, answer) in to_engines(&on, ctl::Request::Register { spec: spec.clone() }, archive).await {
+        let register = ctl::Request::Register { spec: spec.clone(), secrets };
+        for (e, answer) in to_engines(&on, register, archive).await {
             match answer {
                 // Each engine builds alike: one engine's notes stand for all.
                 Ok(ctl::Reply::Registered { notes: n, .. }) => {
@@ -762,6 +799,104 @@ fn remove_key(sh: &GwShared, name: &str, id: &str) -> Resp {
         Ok(false) => {
             error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no invoke key {id:?} of function {name}"), None)
         }
+        Err(e) => store_error(&e),
+    }
+}
+
+/// Every secret's name, ages and the functions that name it; never a value.
+fn list_secrets(sh: &GwShared) -> Resp {
+    let (secrets, specs) = match (sh.store.secrets(), sh.store.list()) {
+        (Ok(s), Ok(f)) => (s, f),
+        (Err(e), _) | (_, Err(e)) => return store_error(&e),
+    };
+    let rows: Vec<Value> = secrets
+        .iter()
+        .map(|(name, r)| {
+            let used_by: Vec<&str> =
+                specs.iter().filter(|f| f.secrets.contains(name)).map(|f| f.name.as_str()).collect();
+            json!({ "name": name, "created_ms": r.created_ms, "updated_ms": r.updated_ms, "used_by": used_by })
+        })
+        .collect();
+    json_resp(StatusCode::OK, &Value::Array(rows))
+}
+
+/// `POST /system/secrets` (`{"name", "value"}`, a new secret) or `PUT
+/// /system/secrets/NAME` (`{"value"}`, a new value for an existing one);
+/// values in base64.
+fn put_secret(sh: &GwShared, named: Option<&str>, body: &[u8]) -> Resp {
+    let bad = |m: String| error_resp(StatusCode::BAD_REQUEST, "bad_request", &m, None);
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        name: Option<String>,
+        value: api::secrets::Value,
+    }
+    let b: Body = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) => return bad(format!("send {{\"name\": ..., \"value\": BASE64}}: {e}")),
+    };
+    let (name, create) = match (named, b.name) {
+        (None, Some(n)) => (n, true),
+        (Some(n), None) => (n.to_string(), false),
+        (Some(_), Some(_)) => return bad("the secret's name is in the path: leave it out of the body".into()),
+        (None, None) => return bad("a new secret needs a name".into()),
+    };
+    if !api::secrets::valid_name(&name) {
+        return bad(format!("invalid secret name {name:?}: {}", api::secrets::name_rule()));
+    }
+    if b.value.0.len() > api::secrets::SECRET_BYTES_MAX {
+        let msg = format!("a secret is at most {} bytes, this one {}", api::secrets::SECRET_BYTES_MAX, b.value.0.len());
+        return error_resp(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", &msg, None);
+    }
+    if create {
+        match sh.store.secrets() {
+            Ok(all) if all.len() >= api::secrets::SECRETS_MAX => {
+                let msg = format!("the store holds {} secrets, its most", api::secrets::SECRETS_MAX);
+                return error_resp(StatusCode::CONFLICT, "conflict", &msg, None);
+            }
+            Ok(_) => {}
+            Err(e) => return store_error(&e),
+        }
+    }
+    match sh.store.put_secret(&name, &b.value.0, create) {
+        Ok(true) if create => json_resp(StatusCode::CREATED, &json!({ "created": name })),
+        Ok(true) => {
+            // Functions get a value with their registration: a new value
+            // reaches them at their next deploy.
+            let used_by: Vec<String> = sh
+                .store
+                .list()
+                .map(|l| l.into_iter().filter(|f| f.secrets.contains(&name)).map(|f| f.name).collect())
+                .unwrap_or_default();
+            json_resp(StatusCode::OK, &json!({ "updated": name, "redeploy": used_by }))
+        }
+        Ok(false) if create => error_resp(
+            StatusCode::CONFLICT,
+            "conflict",
+            &format!("secret {name} exists (change its value with `staccato secret update {name}`)"),
+            None,
+        ),
+        Ok(false) => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no secret named {name:?}"), None),
+        Err(e) => store_error(&e),
+    }
+}
+
+/// Removes a secret no deployed function names.
+fn remove_secret(sh: &GwShared, name: &str) -> Resp {
+    if !api::secrets::valid_name(name) {
+        return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no secret named {name:?}"), None);
+    }
+    let used_by: Vec<String> = match sh.store.list() {
+        Ok(l) => l.into_iter().filter(|f| f.secrets.iter().any(|s| s == name)).map(|f| f.name).collect(),
+        Err(e) => return store_error(&e),
+    };
+    if !used_by.is_empty() {
+        let msg = format!("secret {name} is named by deployed functions: {}; remove them first", used_by.join(", "));
+        return error_resp(StatusCode::CONFLICT, "conflict", &msg, None);
+    }
+    match sh.store.remove_secret(name) {
+        Ok(true) => json_resp(StatusCode::OK, &json!({ "removed": name })),
+        Ok(false) => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no secret named {name:?}"), None),
         Err(e) => store_error(&e),
     }
 }

@@ -112,6 +112,7 @@ mod tests {
             cpu_shares: None,
             placement: Default::default(),
             auth,
+            secrets: Vec::new(),
         }
     }
 

@@ -25,6 +25,7 @@ pub mod inputs;
 mod keys;
 mod metrics;
 pub mod placement;
+mod secrets;
 pub mod store;
 
 use cluster::{Engine, Engines};
@@ -65,6 +66,8 @@ pub struct GatewayConfig {
     pub idle_timeout: std::time::Duration,
     /// The shared store (`etcd://...`), or `None`: the embedded one.
     pub store_url: Option<String>,
+    /// The key that seals secrets (`None`: `<state_dir>/secrets.key`).
+    pub secrets_key_file: Option<PathBuf>,
     /// The listeners are bound here but accepted on by another front door
     /// (the engine's, in `staccato up`): see [`Gateway::take_listeners`].
     /// It hands the connections it does not serve to [`Gateway::adopt`].
@@ -83,6 +86,8 @@ pub enum GatewayError {
     Listen(SocketAddr, std::io::Error),
     #[error(transparent)]
     Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Vault(#[from] secrets::VaultError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -457,10 +462,15 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         return Err(GatewayError::NoToken(cfg.listen));
     }
     std::fs::create_dir_all(&cfg.state_dir)?;
-    let store = Arc::new(match &cfg.store_url {
-        None => Store::open(&cfg.state_dir.join("functions.redb"))?,
-        Some(url) => Store::with(Box::new(etcd::Etcd::connect(url)?), cfg.state_dir.join("sources"))?,
-    });
+    let key_file = cfg.secrets_key_file.clone().unwrap_or_else(|| cfg.state_dir.join("secrets.key"));
+    let vault = secrets::Vault::open(&key_file)?;
+    let store = Arc::new(
+        match &cfg.store_url {
+            None => Store::open(&cfg.state_dir.join("functions.redb"))?,
+            Some(url) => Store::with(Box::new(etcd::Etcd::connect(url)?), cfg.state_dir.join("sources"))?,
+        }
+        .with_vault(vault),
+    );
     log::info!("function store: {}", store.describe());
     let placements = Arc::new(Placements::load(store.clone())?);
     let keys = Arc::new(keys::Keys::load(store.clone())?);

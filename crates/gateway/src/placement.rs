@@ -232,6 +232,7 @@ mod tests {
             cpu_shares: None,
             placement: Placement { engines: n, labels: Default::default() },
             auth: Default::default(),
+            secrets: Vec::new(),
         }
     }
 

@@ -7,7 +7,9 @@
 //! backend they are kept there too, and a gateway that lacks one fetches
 //! it.
 
+use crate::secrets::{SecretRecord, Vault};
 use api::keys::KeyRecord;
+use api::secrets::SecretValues;
 use api::spec::FunctionSpec;
 use redb::{Database, ReadableTable, TableDefinition};
 use std::collections::HashMap;
@@ -26,6 +28,8 @@ const REMOVED: TableDefinition<&str, u64> = TableDefinition::new("removed");
 /// Invoke keys' records (`api::keys::KeyRecord`, JSON), under `NAME/ID`;
 /// removed with their function.
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
+/// Sealed secrets (`crate::secrets::SecretRecord`, JSON), by secret name.
+const SECRETS: TableDefinition<&str, &[u8]> = TableDefinition::new("secrets");
 
 pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -48,6 +52,10 @@ pub enum StoreError {
     SourceIo { digest: String, err: std::io::Error },
     #[error("the stored source {0} no longer matches its digest (the file was changed on disk)")]
     SourceCorrupt(String),
+    #[error("secret {0} does not exist (make it with `staccato secret create {0} --from-file FILE`)")]
+    NoSecret(String),
+    #[error("{0}")]
+    Vault(#[from] crate::secrets::VaultError),
 }
 
 fn db<E: std::fmt::Display>(e: E) -> StoreError {
@@ -99,6 +107,13 @@ pub trait Meta: Send + Sync {
     fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError>;
     /// Every function's invoke keys (functions without keys are left out).
     fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError>;
+    /// Stores secret `name`: only if it does not exist yet (`create`), or
+    /// only if it does (not `create`). Whether it was stored.
+    fn put_secret(&self, name: &str, rec: &SecretRecord, create: bool) -> Result<bool, StoreError>;
+    fn secret(&self, name: &str) -> Result<Option<SecretRecord>, StoreError>;
+    /// Every secret, by name.
+    fn secrets(&self) -> Result<Vec<(String, SecretRecord)>, StoreError>;
+    fn remove_secret(&self, name: &str) -> Result<bool, StoreError>;
 }
 
 /// What [`Meta::put_key`] did.
@@ -113,6 +128,8 @@ pub enum KeyPut {
 pub struct Store {
     meta: Box<dyn Meta>,
     sources: PathBuf,
+    /// Seals and opens secrets (none: a store for tests, without secrets).
+    vault: Option<Vault>,
 }
 
 impl Store {
@@ -127,7 +144,45 @@ impl Store {
     /// source archives in `sources`.
     pub fn with(meta: Box<dyn Meta>, sources: PathBuf) -> Result<Store, StoreError> {
         std::fs::create_dir_all(&sources).map_err(db)?;
-        Ok(Store { meta, sources })
+        Ok(Store { meta, sources, vault: None })
+    }
+
+    /// The same store, sealing and opening secrets with `vault`.
+    pub fn with_vault(mut self, vault: Vault) -> Store {
+        self.vault = Some(vault);
+        self
+    }
+
+    fn vault(&self) -> Result<&Vault, StoreError> {
+        self.vault.as_ref().ok_or_else(|| StoreError::Db("this store keeps no secrets (no key)".into()))
+    }
+
+    /// Seals and stores secret `name` (`create`: only a new one; else only
+    /// an existing one, keeping when it was made). Whether it was stored.
+    pub fn put_secret(&self, name: &str, value: &[u8], create: bool) -> Result<bool, StoreError> {
+        let now = unix_ms();
+        let created = if create { now } else { self.meta.secret(name)?.map_or(now, |r| r.created_ms) };
+        let rec = self.vault()?.seal(name, value, created, now)?;
+        self.meta.put_secret(name, &rec, create)
+    }
+
+    /// Every secret's name and when it was made and last changed.
+    pub fn secrets(&self) -> Result<Vec<(String, SecretRecord)>, StoreError> {
+        self.meta.secrets()
+    }
+
+    pub fn remove_secret(&self, name: &str) -> Result<bool, StoreError> {
+        self.meta.remove_secret(name)
+    }
+
+    /// The values of the secrets `names`, opened, to send to an engine.
+    pub fn secret_values(&self, names: &[String]) -> Result<SecretValues, StoreError> {
+        let mut out = SecretValues::default();
+        for name in names {
+            let rec = self.meta.secret(name)?.ok_or_else(|| StoreError::NoSecret(name.clone()))?;
+            out.0.insert(name.clone(), api::secrets::Value(self.vault()?.open_record(name, &rec)?));
+        }
+        Ok(out)
     }
 
     pub fn describe(&self) -> String {
@@ -303,6 +358,7 @@ impl Local {
         tx.open_table(STORED_AT).map_err(db)?;
         tx.open_table(REMOVED).map_err(db)?;
         tx.open_table(KEYS).map_err(db)?;
+        tx.open_table(SECRETS).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(Local { db: database })
     }
@@ -429,6 +485,51 @@ impl Meta for Local {
         Ok(existed)
     }
 
+    fn put_secret(&self, name: &str, rec: &SecretRecord, create: bool) -> Result<bool, StoreError> {
+        let bytes = serde_json::to_vec(rec).map_err(db)?;
+        let tx = self.db.begin_write().map_err(db)?;
+        let stored = {
+            let mut t = tx.open_table(SECRETS).map_err(db)?;
+            let exists = t.get(name).map_err(db)?.is_some();
+            if exists != create {
+                t.insert(name, bytes.as_slice()).map_err(db)?;
+                true
+            } else {
+                false
+            }
+        };
+        tx.commit().map_err(db)?;
+        Ok(stored)
+    }
+
+    fn secret(&self, name: &str) -> Result<Option<SecretRecord>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = tx.open_table(SECRETS).map_err(db)?;
+        match table.get(name).map_err(db)? {
+            Some(v) => Ok(Some(serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(name.into(), e))?)),
+            None => Ok(None),
+        }
+    }
+
+    fn secrets(&self) -> Result<Vec<(String, SecretRecord)>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = tx.open_table(SECRETS).map_err(db)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(db)? {
+            let (k, v) = row.map_err(db)?;
+            let rec = serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt(k.value().to_string(), e))?;
+            out.push((k.value().to_string(), rec));
+        }
+        Ok(out)
+    }
+
+    fn remove_secret(&self, name: &str) -> Result<bool, StoreError> {
+        let tx = self.db.begin_write().map_err(db)?;
+        let existed = tx.open_table(SECRETS).map_err(db)?.remove(name).map_err(db)?.is_some();
+        tx.commit().map_err(db)?;
+        Ok(existed)
+    }
+
     fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError> {
         let tx = self.db.begin_read().map_err(db)?;
         let table = tx.open_table(KEYS).map_err(db)?;
@@ -516,6 +617,7 @@ mod tests {
             cpu_shares: None,
             placement: Default::default(),
             auth: Default::default(),
+            secrets: Vec::new(),
         };
         {
             let s = Store::open(&path).expect("open");

@@ -7,6 +7,7 @@ mod bench;
 mod cache_cmd;
 mod key_cmd;
 mod new;
+mod secret_cmd;
 mod testbed_cmd;
 mod up;
 
@@ -118,6 +119,9 @@ enum Cmd {
     /// Invoke keys of functions deployed with `auth: key`.
     #[command(subcommand)]
     Key(key_cmd::KeyCmd),
+    /// Secrets functions read at /var/secrets/NAME (`secrets:` in a manifest).
+    #[command(subcommand)]
+    Secret(secret_cmd::SecretCmd),
     /// A cluster on this machine: gateways and engines on test hosts made
     /// of network namespaces (a demo, and the cluster tests' harness).
     #[command(subcommand)]
@@ -149,6 +153,7 @@ fn run(cli: Cli) -> Result<()> {
             invoke(&mut c, name, data.as_deref(), timeout_ms, verbose, key.as_deref())
         }
         Cmd::Key(cmd) => key_cmd::run(&mut client()?, cmd),
+        Cmd::Secret(cmd) => secret_cmd::run(&mut client()?, cmd),
         Cmd::Ls { json } => ls(&mut client()?, json),
         Cmd::Engines { json } => engines(&mut client()?, json),
         Cmd::Rm { ref names } => {

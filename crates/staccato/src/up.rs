@@ -218,6 +218,11 @@ pub struct GatewayArgs {
     /// shared by every gateway given the same URL.
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
+    /// The key that seals secrets in the store (64 hex characters; made if
+    /// the file does not exist). Default: <state-dir>/secrets.key. Every
+    /// gateway sharing a store needs the same one.
+    #[arg(long, value_name = "FILE")]
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -741,6 +746,7 @@ fn start_gateway(
         payload_len_max: c.payload_max,
         pin_threads: matches!(c.placement, PlacementArg::Packed),
         store_url: g.store.clone(),
+        secrets_key_file: g.secrets_key_file.clone(),
         front_door_elsewhere,
     };
     gateway::start(cfg).context("starting the gateway")
