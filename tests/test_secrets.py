@@ -55,6 +55,21 @@ def test_another_function_cannot_reach_them(srv):
     assert stat.S_IMODE(st.st_mode) == 0o400 and st.st_uid >= 200000, st
 
 
+def test_a_link_left_where_an_output_goes_is_not_followed(srv, tmp_path):
+    """The engine reads a function's output file as root: a link the
+    function left there (to a host file, another function's secret) must
+    not be followed, nor its target's content or size told."""
+    host = tmp_path / "host-secret"
+    host.write_text("host-only 5e1f0c")
+    host.chmod(0o600)
+    peer = glob.glob(str(srv.ipc_dir / ".secrets" / "reader.*" / "db-password"))[0]
+    for target, n in [(str(host), 16), (peer, len(DB))]:
+        r = srv.invoke("exfil", json.dumps({"target": target, "len": n}).encode(), timeout=20)
+        assert b"5e1f0c" not in r.body and DB.encode() not in r.body, r
+        assert r.status != 200 or r.body == b"the runtime's own answer", r
+    assert host.read_text() == "host-only 5e1f0c"
+
+
 def test_values_are_never_shown_nor_stored_in_the_clear(srv):
     read(srv, "reader", read=["db-password"])
     shown = [srv.cli("secret", "ls", "--json").stdout, srv.cli("ls", "--json").stdout,

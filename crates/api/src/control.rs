@@ -15,8 +15,13 @@ use wire::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 
 /// The largest control frame body either side reads: a registration carries
 /// a source archive of at most [`crate::archive::Limits::DEFAULT`]'s size,
-/// plus its JSON.
-pub const CONTROL_BODY_MAX: usize = crate::archive::Limits::DEFAULT.archive_bytes_max as usize + (1 << 20);
+/// plus its JSON (a spec, and up to 16 secrets of 64 KiB in base64: ~1.4
+/// MiB).
+pub const CONTROL_BODY_MAX: usize = crate::archive::Limits::DEFAULT.archive_bytes_max as usize + (2 << 20);
+const _: () = assert!(
+    crate::secrets::SECRETS_PER_FUNCTION_MAX * crate::secrets::SECRET_BYTES_MAX * 4 / 3 + (256 << 10) < (2 << 20),
+    "a registration's secrets and spec must fit beside the largest archive"
+);
 const _: () = assert!(CONTROL_BODY_MAX <= wire::frame::FRAME_BODY_LEN_MAX, "a registration must fit in a frame");
 
 /// What the gateway asks of an engine.

@@ -8,7 +8,7 @@
 use api::secrets::SecretValues;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{chown, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{lchown, DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Where the engine keeps the secrets of the function whose IPC directory
@@ -29,11 +29,14 @@ pub(crate) fn write(fn_dir: &Path, secrets: &SecretValues) -> io::Result<()> {
     }
     let dir = dir_of(fn_dir);
     let root = dir.parent().expect("dir_of has a parent");
-    fs::create_dir_all(root)?;
+    // Made with their modes (not the umask's, then changed).
+    match fs::DirBuilder::new().mode(0o700).create(root) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        other => other?,
+    }
     fs::set_permissions(root, fs::Permissions::from_mode(0o700))?;
     let _ = fs::remove_dir_all(&dir);
-    fs::create_dir(&dir)?;
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+    fs::DirBuilder::new().mode(0o700).create(&dir)?;
     for (name, value) in &secrets.0 {
         // Names are checked file names (api::secrets::valid_name); the
         // engine checked them on arrival (SecretValues::check).
@@ -49,10 +52,11 @@ pub(crate) fn write(fn_dir: &Path, secrets: &SecretValues) -> io::Result<()> {
 /// Returns the directory, to mount.
 pub(crate) fn give(fn_dir: &Path, uid: u32) -> io::Result<PathBuf> {
     let dir = dir_of(fn_dir);
+    // lchown: nothing but the engine writes here, and nothing is followed.
     for e in fs::read_dir(&dir)? {
-        chown(e?.path(), Some(uid), Some(uid))?;
+        lchown(e?.path(), Some(uid), Some(uid))?;
     }
-    chown(&dir, Some(uid), Some(uid))?;
+    lchown(&dir, Some(uid), Some(uid))?;
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o500))?;
     Ok(dir)
 }

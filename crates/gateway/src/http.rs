@@ -833,7 +833,8 @@ fn put_secret(sh: &GwShared, named: Option<&str>, body: &[u8]) -> Resp {
     }
     let b: Body = match serde_json::from_slice(body) {
         Ok(b) => b,
-        Err(e) => return bad(format!("send {{\"name\": ..., \"value\": BASE64}}: {e}")),
+        // Not serde's message: it may quote part of the value.
+        Err(_) => return bad("send {\"name\": NAME, \"value\": BASE64} (a new secret) or {\"value\": BASE64}".into()),
     };
     let (name, create) = match (named, b.name) {
         (None, Some(n)) => (n, true),

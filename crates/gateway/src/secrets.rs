@@ -56,11 +56,23 @@ impl Vault {
                 let mut key = [0u8; 32];
                 getrandom::fill(&mut key).map_err(|e| VaultError::Random(e.to_string()))?;
                 let hex = hex(&key);
+                // Whole or not at all: written aside, then linked in (a
+                // crash leaves no empty key; of two gateways starting at
+                // once on one file, the second reads the first's).
+                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                let _ = std::fs::remove_file(&tmp);
                 let mut f =
-                    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(io)?;
-                f.write_all(hex.as_bytes()).map_err(io)?;
-                f.sync_all().map_err(io)?;
-                hex
+                    std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io)?;
+                f.write_all(hex.as_bytes()).and_then(|()| f.sync_all()).map_err(io)?;
+                let linked = std::fs::hard_link(&tmp, path);
+                let _ = std::fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => hex,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        std::fs::read_to_string(path).map_err(io)?
+                    }
+                    Err(e) => return Err(io(e)),
+                }
             }
             Err(e) => return Err(io(e)),
         };

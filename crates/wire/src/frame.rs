@@ -6,7 +6,7 @@ pub const FRAME_HEADER_LEN: usize = 32;
 /// (64 MiB) plus room for what travels with it (a name, a registration's
 /// JSON). A peer announcing more is broken or hostile; the connection is
 /// dropped.
-pub const FRAME_BODY_LEN_MAX: usize = 65 << 20;
+pub const FRAME_BODY_LEN_MAX: usize = 66 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u16)]
