@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -701,6 +702,27 @@ def test_new_scaffolds_a_deployable_function(server, tmp_path, lang):
     assert ok_body(server.invoke(name, b"world", timeout=30)) == f"Hello from {name}: world".encode()
     again = server.cli("new", name, "--lang", lang, "--dir", tmp_path)
     assert again.returncode != 0 and "already exists" in again.stderr
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+def test_a_scaffold_comes_with_a_unit_test_that_runs_without_an_engine(server, tmp_path, lang):
+    """`staccato new` writes a unit test using the runtime's test helper;
+    it passes with the runtime's package installed as the command says
+    (pip: the package on the path; npm: `npm install <runtimes/node>`)."""
+    name = f"unit-{lang}"
+    p = server.cli("new", name, "--lang", lang, "--dir", tmp_path)
+    assert p.returncode == 0 and "Unit test:" in p.stdout, p
+    d = tmp_path / name
+    if lang == "python":
+        env = {**os.environ, "PYTHONPATH": str(REPO / "runtimes" / "python")}
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=d, env=env,
+                           capture_output=True, text=True, timeout=120)
+    else:
+        subprocess.run(["npm", "install", "--silent", "--offline", "--no-audit", "--no-fund",
+                        str(REPO / "runtimes" / "node")], cwd=d, check=True, timeout=120)
+        r = subprocess.run(["node", "--test"], cwd=d, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 passed" in r.stdout or "# pass 2" in r.stdout, r.stdout
 
 
 def test_polyglot_chain(server):

@@ -17,8 +17,8 @@ pub enum Lang {
 /// (runtime, handler, files) for a language; `{name}` is replaced.
 fn template(lang: Lang) -> (&'static str, &'static str, Vec<(&'static str, &'static str)>) {
     match lang {
-        Lang::Python => ("python", "handler:handle", vec![("handler.py", PYTHON)]),
-        Lang::Node => ("node", "handler.mjs:handle", vec![("handler.mjs", NODE)]),
+        Lang::Python => ("python", "handler:handle", vec![("handler.py", PYTHON), ("test_handler.py", PYTHON_TEST)]),
+        Lang::Node => ("node", "handler.mjs:handle", vec![("handler.mjs", NODE), ("handler.test.mjs", NODE_TEST)]),
         Lang::Go => ("go", "Handle", vec![("handler.go", GO)]),
         Lang::C => ("c", "handler.c", vec![("handler.c", C)]),
         Lang::Cpp => ("cpp", "handler.cpp", vec![("handler.cpp", CPP)]),
@@ -45,6 +45,19 @@ pub fn new(name: &str, lang: Lang, parent: &Path) -> Result<()> {
     }
     println!("Created {}/ ({runtime} function {name})", dir.display());
     println!("Next: staccato deploy {} && staccato invoke {name} --data world", dir.display());
+    // The unit test runs the handler without an engine, through the
+    // runtime's package, installed from this Staccato's runtimes.
+    let runtimes = engine::config::find_runtimes(None).ok();
+    let sdk = |sub: &str| {
+        runtimes.as_ref().map_or(format!("<staccato>/runtimes/{sub}"), |r| r.join(sub).display().to_string())
+    };
+    match lang {
+        Lang::Python => {
+            println!("Unit test: pip install {} && (cd {} && python3 -m pytest)", sdk("python"), dir.display())
+        }
+        Lang::Node => println!("Unit test: (cd {} && npm install {} && node --test)", dir.display(), sdk("node")),
+        _ => {}
+    }
     Ok(())
 }
 
@@ -53,6 +66,47 @@ const PYTHON: &str = r#"async def handle(ctx, data: bytes) -> bytes:
     function through the local engine; failures raise staccato.CallError."""
     ctx.logger.info("called with %d bytes", len(data))
     return b"Hello from {name}: " + data
+"#;
+
+const PYTHON_TEST: &str = r#"# The handler without an engine (staccato.testing). The runtime's package:
+# pip install <staccato>/runtimes/python; then: python3 -m pytest
+from staccato import CallError
+from staccato.testing import FakeCalls, run_handler
+
+from handler import handle
+
+
+def test_greets():
+    assert run_handler(handle, b"world", function="{name}") == b"Hello from {name}: world"
+
+
+def test_a_call_it_makes_can_be_faked():
+    # ctx.call("other", ...) in the handler would be answered like this:
+    calls = FakeCalls({"other": lambda data: data.upper(), "down": CallError("timeout")})
+    run_handler(handle, b"x", calls=calls)
+    assert calls.made == []  # this handler calls nothing yet
+"#;
+
+const NODE_TEST: &str = r#"// The handler without an engine (staccato-runtime/testing). The runtime's
+// package: npm install <staccato>/runtimes/node; then: node --test
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { FakeCalls, runHandler } from 'staccato-runtime/testing';
+
+import { handle } from './handler.mjs';
+
+test('greets', async () => {
+  const out = await runHandler(handle, 'world', { function: '{name}' });
+  assert.equal(out.toString(), 'Hello from {name}: world');
+});
+
+test('a call it makes can be faked', async () => {
+  // ctx.call('other', ...) in the handler would be answered like this:
+  const calls = new FakeCalls({ other: (data) => data.toString().toUpperCase() });
+  await runHandler(handle, 'x', { calls });
+  assert.deepEqual(calls.made, []); // this handler calls nothing yet
+});
 "#;
 
 const NODE: &str = r#"// Runs once per call. `await ctx.call('other', data)` calls another function
