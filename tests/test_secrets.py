@@ -68,6 +68,10 @@ def test_a_link_left_where_an_output_goes_is_not_followed(srv, tmp_path):
         assert b"5e1f0c" not in r.body and DB.encode() not in r.body, r
         assert r.status != 200 or r.body == b"the runtime's own answer", r
     assert host.read_text() == "host-only 5e1f0c"
+    # Nor can it swap its payload directory, or anything beside its
+    # channels, for a link: the directory holding them is the engine's.
+    out = json.loads(ok_body(srv.invoke("exfil", b'{"swap": true}', timeout=20)))
+    assert all(v.startswith("ERR") for v in out.values()), out
 
 
 def test_values_are_never_shown_nor_stored_in_the_clear(srv):

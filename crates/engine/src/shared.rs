@@ -890,8 +890,10 @@ impl Launcher {
 /// root; the function's directory is the container's only view of them).
 pub(crate) fn give_channel(dir: &Path, id: u32, uid: u32) -> std::io::Result<()> {
     let (e2w, w2e) = sys::channel::channel_paths(dir, id);
-    std::os::unix::fs::chown(e2w, Some(uid), Some(uid))?;
-    std::os::unix::fs::chown(w2e, Some(uid), Some(uid))
+    // lchown: the directory is the function's, and a link it left is not
+    // followed to a host file.
+    std::os::unix::fs::lchown(e2w, Some(uid), Some(uid))?;
+    std::os::unix::fs::lchown(w2e, Some(uid), Some(uid))
 }
 
 pub(crate) fn oom_message(func: &Function) -> String {

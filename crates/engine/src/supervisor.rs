@@ -756,10 +756,19 @@ fn spawn_in_container(
     let cfg = &shared.cfg;
     let c = pool.take(f.spec.runtime == crate::spec::Runtime::Python)?;
     let start = (|| -> crate::Result<u32> {
-        for d in [f.dir.clone(), f.dir.join("shm")] {
-            std::os::unix::fs::chown(&d, Some(c.uid), Some(c.uid))
-                .map_err(Error::io(format!("chown {}", d.display())))?;
+        // The function's directory stays the engine's, so nothing in it
+        // (the payload directory, the channels) can be swapped for a link
+        // to the host's files while the engine works on it as root; the
+        // payload directory inside it is the function's.
+        let shm = f.dir.join("shm");
+        if !fs::symlink_metadata(&shm).is_ok_and(|m| m.is_dir()) {
+            return Err(Error::Io {
+                what: format!("{} is not a directory", shm.display()),
+                error: std::io::ErrorKind::InvalidData.into(),
+            });
         }
+        std::os::unix::fs::lchown(&shm, Some(c.uid), Some(c.uid))
+            .map_err(Error::io(format!("chown {}", shm.display())))?;
         // Inputs of calls that waited while the last container went.
         sys::payload::give_all(&f.dir, c.uid).map_err(Error::io("chown queued inputs"))?;
         crate::shared::give_channel(&f.dir, 0, c.uid).map_err(Error::io("chown channel 0"))?;

@@ -39,8 +39,11 @@ impl EngineChannel {
         let (e2w, w2e) = channel_paths(fn_dir, id);
         mkfifo(&e2w)?;
         mkfifo(&w2e)?;
-        let tx = OpenOptions::new().read(true).write(true).custom_flags(libc::O_NONBLOCK).open(&e2w)?;
-        let rx = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&w2e)?;
+        // The directory is the function's: between mkfifo and open it could
+        // swap a FIFO for a link to a host file. Never followed, and only a
+        // FIFO is taken.
+        let tx = open_fifo(OpenOptions::new().read(true).write(true), &e2w)?;
+        let rx = open_fifo(OpenOptions::new().read(true), &w2e)?;
         set_pipe_bytes(&tx, PIPE_SIZE);
         set_pipe_bytes(&rx, PIPE_SIZE);
         Ok(EngineChannel { tx, rx })
@@ -51,6 +54,16 @@ impl EngineChannel {
         let _ = std::fs::remove_file(e2w);
         let _ = std::fs::remove_file(w2e);
     }
+}
+
+/// Opens `path` (non-blocking, not following a link) and checks it is a FIFO.
+fn open_fifo(o: &mut OpenOptions, path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::FileTypeExt;
+    let f = o.custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW).open(path)?;
+    if !f.metadata()?.file_type().is_fifo() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("{} is not a FIFO", path.display())));
+    }
+    Ok(f)
 }
 
 /// Opens a channel from the worker's side (used by tests and the benches;
