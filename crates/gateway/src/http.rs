@@ -716,14 +716,22 @@ async fn remove(sh: &GwShared, name: &str) -> Resp {
     json_resp(StatusCode::OK, &json!({ "removed": name }))
 }
 
+/// The stored spec of function `name`, or the answer saying why not.
+fn stored_spec(sh: &GwShared, name: &str) -> Result<api::spec::FunctionSpec, Box<Resp>> {
+    match sh.store.get(name) {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => {
+            Err(Box::new(error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None)))
+        }
+        Err(e) => Err(Box::new(store_error(&e))),
+    }
+}
+
 /// A function's invoke keys: ids and ages, never the keys.
 fn list_keys(sh: &GwShared, name: &str) -> Resp {
-    let spec = match sh.store.get(name) {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None)
-        }
-        Err(e) => return store_error(&e),
+    let spec = match stored_spec(sh, name) {
+        Ok(s) => s,
+        Err(r) => return *r,
     };
     match sh.store.keys_of(name) {
         Ok(keys) => {
@@ -737,12 +745,9 @@ fn list_keys(sh: &GwShared, name: &str) -> Resp {
 /// Makes an invoke key for a deployed function; the answer is the only
 /// place the key is ever shown.
 fn create_key(sh: &GwShared, name: &str) -> Resp {
-    let spec = match sh.store.get(name) {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no function named {name:?}"), None)
-        }
-        Err(e) => return store_error(&e),
+    let spec = match stored_spec(sh, name) {
+        Ok(s) => s,
+        Err(r) => return *r,
     };
     let (key, record) = match api::keys::new_key(crate::store::unix_ms()) {
         Ok(k) => k,

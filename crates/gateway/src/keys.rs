@@ -93,27 +93,10 @@ impl Keys {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use api::spec::{FunctionSpec, Runtime};
+    use api::spec::FunctionSpec;
 
     fn spec(name: &str, auth: Auth) -> FunctionSpec {
-        FunctionSpec {
-            name: name.into(),
-            runtime: Runtime::Python,
-            handler: String::new(),
-            source: format!("sha256:{}", "a".repeat(64)),
-            min_workers: 0,
-            max_workers: 1,
-            timeout_ms: 1000,
-            max_queue: 8,
-            env: Default::default(),
-            memory_bytes: 64 << 20,
-            pids: 32,
-            worker_mode: Default::default(),
-            cpu_shares: None,
-            placement: Default::default(),
-            auth,
-            secrets: Vec::new(),
-        }
+        FunctionSpec { name: name.into(), auth, ..crate::store::tests::spec() }
     }
 
     #[test]

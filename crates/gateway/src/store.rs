@@ -591,17 +591,13 @@ impl Local {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use api::spec::Runtime;
 
-    #[test]
-    fn put_list_remove_survive_reopen() {
-        let dir = std::env::temp_dir().join(format!("staccato-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("db.redb");
-        let spec = FunctionSpec {
+    /// A valid spec for tests here and in other modules.
+    pub(crate) fn spec() -> FunctionSpec {
+        FunctionSpec {
             name: "f".into(),
             runtime: Runtime::C,
             handler: "x.c".into(),
@@ -618,7 +614,16 @@ mod tests {
             placement: Default::default(),
             auth: Default::default(),
             secrets: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn put_list_remove_survive_reopen() {
+        let dir = std::env::temp_dir().join(format!("staccato-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("db.redb");
+        let spec = spec();
         {
             let s = Store::open(&path).expect("open");
             s.put(&spec, Some(&["e1".to_string()])).expect("put");
