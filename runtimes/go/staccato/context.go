@@ -27,6 +27,9 @@ type Context struct {
 	goMu     sync.Mutex
 	goCtx    context.Context
 	goCancel context.CancelFunc
+
+	// calls answers Call in a test (RunHandler); nil in a worker.
+	calls *FakeCalls
 }
 
 // CallID is this invocation's call id (docs/protocol.md, "Call ids").
@@ -146,6 +149,12 @@ func appendHex16(b []byte, v uint64) []byte {
 func (c *Context) Call(name string, in []byte) ([]byte, error) {
 	w := c.w
 	rt := w.rt
+	if c.calls != nil {
+		if c.done.Load() {
+			return nil, &CallError{KindInternal, "Call after the handler returned"}
+		}
+		return c.calls.answer(name, in)
+	}
 	if len(name) < 1 || len(name) > wire.NameMax {
 		return nil, &CallError{KindBadRequest, fmt.Sprintf("function name must be 1 to %d bytes, got %d", wire.NameMax, len(name))}
 	}
