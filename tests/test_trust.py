@@ -602,16 +602,23 @@ import os
 
 def handle(ctx, data):
     ipc = os.environ["STACCATO_IPC_DIR"]
+    if data == b"root":
+        # The directory holding the channels is the engine's.
+        try:
+            open(os.path.join(ipc, "junk"), "wb").close()
+            return b"wrote"
+        except PermissionError:
+            return b"refused"
     if data == b"fill":
         # Beyond its memory limit, on the host's /dev/shm.
-        with open(os.path.join(ipc, "junk"), "wb") as f:
+        with open(os.path.join(ipc, "shm", "junk"), "wb") as f:
             for _ in range(200):
                 f.write(b"x" * (1 << 20))
         return b"wrote 200 MiB"
     if data == b"litter":
         with open(os.path.join(ipc, "shm", "litter"), "wb") as f:
             f.write(b"x" * (10 << 20))
-        os.makedirs(os.path.join(ipc, "d"), exist_ok=True)
+        os.makedirs(os.path.join(ipc, "shm", "d"), exist_ok=True)
         os._exit(1)
     return b"ok"
 """
@@ -628,12 +635,13 @@ def test_files_a_function_writes_to_its_ipc_dir_count_and_go(srv, tmp_path):
     def leftovers():
         return [p for p in srv.ipc_dir.glob("litter.*/**/*") if p.is_file() and not p.is_fifo()]
 
+    assert ok_body(srv.invoke("litter", b"root", timeout=30)) == b"refused"
     r = srv.invoke("litter", b"fill", timeout=30)
     check_error(r, 502, "out_of_memory")
     assert wait_for(lambda: not leftovers(), timeout=10), leftovers()
     r = srv.invoke("litter", b"litter", timeout=30)
     check_error(r, 502, "worker_crashed")
-    assert wait_for(lambda: not leftovers() and not list(srv.ipc_dir.glob("litter.*/d")), timeout=10), leftovers()
+    assert wait_for(lambda: not leftovers() and not list(srv.ipc_dir.glob("litter.*/shm/d")), timeout=10), leftovers()
     assert ok_body(wait_for(lambda: (lambda r: r if r.status == 200 else None)(srv.invoke("litter", b"x")),
                             timeout=10)) == b"ok"
 
