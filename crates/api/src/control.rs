@@ -27,6 +27,9 @@ const _: () = assert!(CONTROL_BODY_MAX <= wire::frame::FRAME_BODY_LEN_MAX, "a re
 /// What the gateway asks of an engine.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+// A few requests a deploy, never on a call's path: the size of the
+// largest (a whole spec) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Request {
     /// Build and start a function (replacing one of the same name); the
     /// frame's attachment is its source archive, whose digest the spec names.

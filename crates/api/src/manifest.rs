@@ -22,6 +22,12 @@
 //!       labels: { zone: a }    # that joined with --label zone=a
 //!     auth: key                # calls need an invoke key (default: none)
 //!     secrets: [db-password]   # read at /var/secrets/db-password
+//!     async:                   # calls through /async-function/{name}
+//!       retries: 3             # attempts after the first (default 3)
+//!       backoff: 100ms         # before retry n: backoff * 2^(n-1)
+//!       queue: 1000            # accepted and unfinished, at most
+//!       concurrency: 2         # running at once (default max_workers/2)
+//!       retry_on: [timeout, worker_crashed, engine_unavailable]
 //! ```
 //!
 //! Every error names the line it is about.
@@ -80,6 +86,23 @@ struct Entry {
     auth: spec::Auth,
     #[serde(default)]
     secrets: Vec<String>,
+    #[serde(default, rename = "async")]
+    async_calls: Option<AsyncEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AsyncEntry {
+    #[serde(default = "spec::default_async_retries")]
+    retries: u32,
+    #[serde(default)]
+    backoff: Option<yaml_serde::Value>,
+    #[serde(default = "spec::default_async_queue")]
+    queue: u32,
+    #[serde(default)]
+    concurrency: u32,
+    #[serde(default = "spec::default_async_retry_on")]
+    retry_on: Vec<String>,
 }
 
 /// One function of a manifest: its settings, and the directory on the
@@ -111,11 +134,25 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
         let err = |e: SpecError| ManifestError { line, message: format!("function {name}: {e}") };
         let timeout_ms = match &e.timeout {
             None => spec::default_timeout_ms(),
-            Some(v) => parse_duration_ms(v).map_err(err)?,
+            Some(v) => parse_duration_ms(v, "timeout").map_err(err)?,
         };
         let memory_bytes = match &e.memory {
             None => spec::default_memory_bytes(),
             Some(v) => parse_size(v).map_err(err)?,
+        };
+        let async_calls = match e.async_calls {
+            None => spec::AsyncSettings::default(),
+            Some(a) => spec::AsyncSettings {
+                retries: a.retries,
+                backoff_ms: match &a.backoff {
+                    None => spec::default_async_backoff_ms(),
+                    Some(v) => parse_duration_ms(v, "async.backoff").map_err(err)?,
+                }
+                .max(1),
+                queue: a.queue,
+                concurrency: a.concurrency,
+                retry_on: a.retry_on,
+            },
         };
         let source = e.source.as_deref().unwrap_or(".");
         let dir = base.join(source);
@@ -138,6 +175,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
             placement: e.placement,
             auth: e.auth,
             secrets: e.secrets,
+            async_calls,
         };
         s.validate_settings().map_err(err)?;
         out.push(ManifestFunction { spec: s, source_dir });
@@ -147,14 +185,14 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
 
 /// A timeout: a YAML number of milliseconds or a duration string
 /// ([`crate::units::parse_duration`], a bare number being milliseconds).
-fn parse_duration_ms(v: &yaml_serde::Value) -> Result<u64, SpecError> {
+fn parse_duration_ms(v: &yaml_serde::Value, field: &'static str) -> Result<u64, SpecError> {
     if let Some(n) = v.as_u64() {
         return Ok(n);
     }
-    let err = |message| SpecError::new("timeout", message);
-    let s = v.as_str().ok_or_else(|| err(format!("timeout must be a duration like 5s, got {v:?}")))?;
+    let err = |message| SpecError::new(field, message);
+    let s = v.as_str().ok_or_else(|| err(format!("{field} must be a duration like 5s, got {v:?}")))?;
     let d = crate::units::parse_duration(s, std::time::Duration::from_millis(1))
-        .map_err(|e| err(format!("timeout: {e}")))?;
+        .map_err(|e| err(format!("{field}: {e}")))?;
     Ok((d.as_secs_f64() * 1e3).round() as u64)
 }
 
@@ -298,5 +336,24 @@ mod tests {
                 assert!(!e.message.is_empty());
             }
         }
+    }
+
+    #[test]
+    fn async_settings_are_read() {
+        let y = "functions:\n  a:\n    runtime: python\n    max_workers: 8\n    async:\n      retries: 1\n      \
+                 backoff: 2s\n      queue: 5\n      retry_on: [function_error]\n  b:\n    runtime: python\n";
+        let fs = parse(y, Path::new(".")).unwrap();
+        let a = &fs[0].spec.async_calls;
+        assert_eq!((a.retries, a.backoff_ms, a.queue, a.concurrency), (1, 2000, 5, 0));
+        assert_eq!(a.retry_on, ["function_error"]);
+        assert_eq!(a.concurrency_for(fs[0].spec.max_workers), 4);
+        assert!(fs[1].spec.async_calls.is_default());
+        let y = "functions:\n  a:\n    runtime: python\n    async: { backoff: soon }\n";
+        let e = parse(y, Path::new(".")).unwrap_err();
+        assert!(e.message.contains("async.backoff") && e.line == 2, "{e}");
+        let y = "functions:\n  a:\n    runtime: python\n    async: { retries: 2, tries: 3 }\n";
+        assert!(parse(y, Path::new(".")).unwrap_err().message.contains("tries"));
+        let y = "functions:\n  a:\n    runtime: python\n    async: { retry_on: [bad_request] }\n";
+        assert!(parse(y, Path::new(".")).unwrap_err().message.contains("may be retried"));
     }
 }

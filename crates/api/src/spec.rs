@@ -89,6 +89,125 @@ pub struct FunctionSpec {
     /// apart, see [`crate::secrets`]). Left out when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// How calls through `/async-function/{name}` are queued and retried.
+    #[serde(rename = "async", default, skip_serializing_if = "AsyncSettings::is_default")]
+    pub async_calls: AsyncSettings,
+}
+
+/// A function's asynchronous calls (`async:` in a manifest): queued
+/// durably by the gateway, run at most `concurrency` at a time, and tried
+/// again with exponential backoff after the errors in `retry_on`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AsyncSettings {
+    /// Attempts after the first (0: none).
+    #[serde(default = "default_async_retries")]
+    pub retries: u32,
+    /// Before the n-th retry the call waits `backoff_ms * 2^(n-1)` (at most
+    /// [`ASYNC_BACKOFF_CAP_MS`]), give or take a quarter.
+    #[serde(default = "default_async_backoff_ms")]
+    pub backoff_ms: u64,
+    /// Calls accepted and not finished, at most; more get 429.
+    #[serde(default = "default_async_queue")]
+    pub queue: u32,
+    /// Async calls running at once, at most; 0: half of `max_workers`
+    /// (at least one), so synchronous calls always find workers.
+    #[serde(default)]
+    pub concurrency: u32,
+    /// The error kinds that are tried again (wire error names).
+    #[serde(default = "default_async_retry_on")]
+    pub retry_on: Vec<String>,
+}
+
+pub fn default_async_retries() -> u32 {
+    3
+}
+pub fn default_async_backoff_ms() -> u64 {
+    100
+}
+pub fn default_async_queue() -> u32 {
+    1000
+}
+pub fn default_async_retry_on() -> Vec<String> {
+    ["worker_crashed", "timeout", "engine_unavailable"].map(String::from).to_vec()
+}
+
+/// At most this many retries of one call.
+pub const ASYNC_RETRIES_MAX: u32 = 20;
+/// The longest wait between two attempts.
+pub const ASYNC_BACKOFF_CAP_MS: u64 = 5 * 60 * 1000;
+/// The most async calls one function may have waiting.
+pub const ASYNC_QUEUE_MAX: u32 = 1_000_000;
+
+/// The error kinds an async call may be tried again after: those of the
+/// runtime and of a handler that failed. A call that cannot succeed as sent
+/// (not_found, bad_request, payload_too_large, call_cycle, ...) is not.
+pub const ASYNC_RETRYABLE: [&str; 6] =
+    ["worker_crashed", "timeout", "engine_unavailable", "function_error", "out_of_memory", "overloaded"];
+
+impl Default for AsyncSettings {
+    fn default() -> AsyncSettings {
+        AsyncSettings {
+            retries: default_async_retries(),
+            backoff_ms: default_async_backoff_ms(),
+            queue: default_async_queue(),
+            concurrency: 0,
+            retry_on: default_async_retry_on(),
+        }
+    }
+}
+
+impl AsyncSettings {
+    pub fn is_default(&self) -> bool {
+        *self == AsyncSettings::default()
+    }
+
+    /// Async calls of a function with `max_workers` that may run at once.
+    pub fn concurrency_for(&self, max_workers: u32) -> u32 {
+        if self.concurrency > 0 {
+            self.concurrency
+        } else {
+            (max_workers / 2).max(1)
+        }
+    }
+
+    /// How long to wait before retry `n` (1-based), without the jitter.
+    pub fn backoff_before(&self, n: u32) -> u64 {
+        let doubled = self.backoff_ms.saturating_mul(1u64 << n.saturating_sub(1).min(40));
+        doubled.min(ASYNC_BACKOFF_CAP_MS)
+    }
+
+    fn validate(&self, max_workers: u32) -> Result<(), SpecError> {
+        let err = |m: String| Err(SpecError::new("async", m));
+        if self.retries > ASYNC_RETRIES_MAX {
+            return err(format!("async.retries must be at most {ASYNC_RETRIES_MAX}, got {}", self.retries));
+        }
+        if self.backoff_ms == 0 || self.backoff_ms > ASYNC_BACKOFF_CAP_MS {
+            return err(format!("async.backoff must be between 1ms and 5m, got {}ms", self.backoff_ms));
+        }
+        if self.queue == 0 || self.queue > ASYNC_QUEUE_MAX {
+            return err(format!("async.queue must be between 1 and {ASYNC_QUEUE_MAX}, got {}", self.queue));
+        }
+        if self.concurrency > max_workers {
+            return err(format!(
+                "async.concurrency ({}) is more than max_workers ({max_workers}): synchronous calls would find no \
+                 worker",
+                self.concurrency
+            ));
+        }
+        for (i, k) in self.retry_on.iter().enumerate() {
+            if !ASYNC_RETRYABLE.contains(&k.as_str()) {
+                return err(format!(
+                    "async.retry_on: {k:?} is not an error that may be retried (use {})",
+                    ASYNC_RETRYABLE.join(", ")
+                ));
+            }
+            if self.retry_on[..i].contains(k) {
+                return err(format!("async.retry_on names {k} twice"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Who may call a function from outside (internal calls are always
@@ -395,6 +514,7 @@ impl FunctionSpec {
                 ),
             ));
         }
+        self.async_calls.validate(self.max_workers)?;
         for (i, name) in self.secrets.iter().enumerate() {
             if !crate::secrets::valid_name(name) {
                 return Err(SpecError::new(
@@ -473,6 +593,7 @@ mod tests {
             placement: Placement::default(),
             auth: Auth::None,
             secrets: Vec::new(),
+            async_calls: AsyncSettings::default(),
         }
     }
 
@@ -520,5 +641,32 @@ mod tests {
         assert!(FunctionSpec { worker_mode: WorkerMode::Fork, ..spec() }.validate().is_ok());
         let c_fork = FunctionSpec { runtime: Runtime::C, worker_mode: WorkerMode::Fork, ..spec() };
         assert!(c_fork.validate().unwrap_err().message.contains("always forked"));
+    }
+
+    #[test]
+    fn async_settings() {
+        let a = AsyncSettings::default();
+        assert_eq!(a.concurrency_for(16), 8);
+        assert_eq!(a.concurrency_for(1), 1);
+        assert_eq!(AsyncSettings { concurrency: 3, ..a.clone() }.concurrency_for(16), 3);
+        assert_eq!((a.backoff_before(1), a.backoff_before(2), a.backoff_before(4)), (100, 200, 800));
+        assert_eq!(a.backoff_before(u32::MAX), ASYNC_BACKOFF_CAP_MS);
+        let with = |x: AsyncSettings| FunctionSpec { async_calls: x, ..spec() }.validate();
+        assert!(with(AsyncSettings { retries: 21, ..a.clone() }).unwrap_err().message.contains("retries"));
+        assert!(with(AsyncSettings { backoff_ms: 0, ..a.clone() }).is_err());
+        assert!(with(AsyncSettings { queue: 0, ..a.clone() }).is_err());
+        // max_workers is 4 in spec(): more async calls at once would leave
+        // synchronous ones no worker.
+        assert!(with(AsyncSettings { concurrency: 5, ..a.clone() }).unwrap_err().message.contains("max_workers"));
+        assert!(with(AsyncSettings { concurrency: 4, ..a.clone() }).is_ok());
+        let bad = AsyncSettings { retry_on: vec!["not_found".into()], ..a.clone() };
+        assert_eq!(with(bad).unwrap_err().field, "async");
+        let twice = AsyncSettings { retry_on: vec!["timeout".into(), "timeout".into()], ..a.clone() };
+        assert!(with(twice).unwrap_err().message.contains("twice"));
+        // A spec with the default settings serializes as before they existed.
+        assert!(!serde_json::to_string(&spec()).unwrap().contains("async"));
+        let s = FunctionSpec { async_calls: AsyncSettings { retries: 0, ..a }, ..spec() };
+        let back: FunctionSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
     }
 }

@@ -88,9 +88,9 @@ impl CallTable {
 
     /// Records a new call, or gives the record back if its id is already
     /// in flight (that call keeps its record: one record per call).
-    pub fn insert(&self, call_id: u64, rec: CallRecord) -> Result<(), CallRecord> {
+    pub fn insert(&self, call_id: u64, rec: CallRecord) -> Result<(), Box<CallRecord>> {
         match lock_shard(&self.shards[shard_of(call_id)]).entry(call_id) {
-            Entry::Occupied(_) => Err(rec),
+            Entry::Occupied(_) => Err(Box::new(rec)),
             Entry::Vacant(v) => {
                 v.insert(rec);
                 Ok(())

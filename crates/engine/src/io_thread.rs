@@ -1093,6 +1093,7 @@ impl IoThread {
         let deadline_us = sys::clock::unix_us() + timeout_ms * 1000;
         let origin = Origin::Gateway { thread: self.idx, conn };
         let mut rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us);
+        rec.background = fh.kind == FrameKind::Call && fh.call_background();
         if let Some((origin_id, parent)) = parent {
             // Shown under its caller's ids; its chain here starts with it,
             // counting the calls above it on the caller's side.
@@ -1239,6 +1240,7 @@ fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, 
         sub_queue_ns: 0,
         cold: false,
         nested: false,
+        background: false,
         depth_above: 0,
         recv_unix_us: sys::clock::unix_us(),
     }

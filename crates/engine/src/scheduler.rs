@@ -18,9 +18,16 @@
 //!   workers it waits for are its own ancestors', and they wait for it. It
 //!   goes first and may run beyond τ, up to `max_workers`; the engine
 //!   refuses one whose ancestors hold all `max_workers` (`call_cycle`).
+//! * a *background* call — an asynchronous one the gateway runs from its
+//!   queue — never delays an ordinary one: it is dispatched only when no
+//!   ordinary call waits and fewer than τ calls run; an ordinary call is
+//!   held back only by the ordinary calls running (background ones do not
+//!   count against its τ), so it finds a worker at once if the pool has
+//!   one. The gateway runs at most `async.concurrency` of a function's
+//!   background calls at a time (default half its `max_workers`).
 
 use crate::concurrency::ConcurrencyHint;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WorkerState {
@@ -54,6 +61,10 @@ pub struct Scheduler {
     queue: VecDeque<u64>,
     /// Nested calls (see the module doc): dispatched first, beyond τ.
     nested: VecDeque<u64>,
+    /// Background calls (module doc): dispatched last.
+    background: VecDeque<u64>,
+    /// The background calls running.
+    background_running: HashSet<u64>,
     workers: BTreeMap<u32, Worker>,
     /// Idle workers, most recently used last.
     idle: Vec<u32>,
@@ -89,6 +100,8 @@ impl Scheduler {
             hint: ConcurrencyHint::new(alpha),
             queue: VecDeque::new(),
             nested: VecDeque::new(),
+            background: VecDeque::new(),
+            background_running: HashSet::new(),
             workers: BTreeMap::new(),
             idle: Vec::new(),
             running: 0,
@@ -122,6 +135,10 @@ impl Scheduler {
         if cfg!(debug_assertions) {
             let busy = self.workers.values().filter(|w| matches!(w.state, WorkerState::Busy(_))).count();
             debug_assert_eq!(busy, self.running as usize, "running is not the number of busy workers");
+            debug_assert!(
+                self.background_running.iter().all(|c| self.workers.values().any(|w| w.state == WorkerState::Busy(*c))),
+                "a background call counted as running is on no worker"
+            );
             let idle = self.workers.values().filter(|w| w.state == WorkerState::Idle).count();
             debug_assert_eq!(idle, self.idle.len(), "the idle list is not the idle workers");
             debug_assert!(
@@ -142,8 +159,25 @@ impl Scheduler {
         self.nested.push_back(call_id);
     }
 
+    /// Queues a background call (module doc).
+    pub fn enqueue_background(&mut self, call_id: u64, now_ns: u64) {
+        self.hint.on_arrival(now_ns);
+        self.background.push_back(call_id);
+    }
+
     pub fn queued(&self) -> usize {
-        self.queue.len() + self.nested.len()
+        self.queue.len() + self.nested.len() + self.background.len()
+    }
+
+    /// The ordinary and nested calls running (not the background ones).
+    fn foreground_running(&self) -> u32 {
+        self.running - self.background_running.len() as u32
+    }
+
+    /// A call's worker is free again (it ended, crashed, or was abandoned).
+    fn released(&mut self, call: u64) {
+        self.running -= 1;
+        self.background_running.remove(&call);
     }
 
     pub fn running(&self) -> u32 {
@@ -157,17 +191,38 @@ impl Scheduler {
         if self.idle.is_empty() {
             return None;
         }
-        let from_nested = !self.nested.is_empty() && self.running < self.max_workers;
-        if !from_nested && (self.queue.is_empty() || self.running >= self.tau(now_ns)) {
-            return None;
+        #[derive(PartialEq)]
+        enum From {
+            Nested,
+            Queue,
+            Background,
         }
+        let from = if !self.nested.is_empty() && self.running < self.max_workers {
+            From::Nested
+        } else if !self.queue.is_empty() {
+            if self.foreground_running() >= self.tau(now_ns) {
+                return None;
+            }
+            From::Queue
+        } else if !self.background.is_empty() && self.running < self.tau(now_ns) {
+            From::Background
+        } else {
+            return None;
+        };
         let pos = self
             .idle
             .iter()
             .rposition(|w| self.workers.get(w).is_some_and(|x| x.owner == prefer_owner))
             .unwrap_or(self.idle.len() - 1);
         let worker = self.idle.remove(pos);
-        let call = if from_nested { self.nested.pop_front()? } else { self.queue.pop_front()? };
+        let call = match from {
+            From::Nested => self.nested.pop_front()?,
+            From::Queue => self.queue.pop_front()?,
+            From::Background => self.background.pop_front()?,
+        };
+        if from == From::Background {
+            self.background_running.insert(call);
+        }
         let w = self.workers.get_mut(&worker)?;
         debug_assert_eq!(w.state, WorkerState::Idle, "dispatching to worker {worker}, which is not idle");
         w.state = WorkerState::Busy(call);
@@ -181,10 +236,10 @@ impl Scheduler {
     /// out while queued).
     pub fn unreserve(&mut self, worker: u32) {
         if let Some(w) = self.workers.get_mut(&worker) {
-            if matches!(w.state, WorkerState::Busy(_)) {
+            if let WorkerState::Busy(call) = w.state {
                 w.state = WorkerState::Idle;
-                self.running -= 1;
                 self.idle.push(worker);
+                self.released(call);
             }
         }
         self.check();
@@ -201,7 +256,14 @@ impl Scheduler {
             }
         }
         let tau = self.tau(now_ns);
-        let runnable = (self.queue.len() as u32).min(tau.saturating_sub(self.running)) + self.nested.len() as u32;
+        let background = if self.queue.is_empty() {
+            (self.background.len() as u32).min(tau.saturating_sub(self.running))
+        } else {
+            0
+        };
+        let runnable = (self.queue.len() as u32).min(tau.saturating_sub(self.foreground_running()))
+            + self.nested.len() as u32
+            + background;
         let for_queue = runnable.saturating_sub(self.idle.len() as u32 + starting);
         let for_min = self.min_workers.saturating_sub(live + starting);
         let room = self.max_workers.saturating_sub(live + starting);
@@ -242,8 +304,8 @@ impl Scheduler {
         }
         w.state = WorkerState::Idle;
         w.idle_since_ns = now_ns;
-        self.running -= 1;
         self.idle.push(id);
+        self.released(call_id);
         self.hint.on_processed(processing_ns);
         self.check();
         true
@@ -257,7 +319,7 @@ impl Scheduler {
             WorkerState::Starting | WorkerState::Stopping => Removed::Expected,
             WorkerState::Idle => Removed::Crashed,
             WorkerState::Busy(call) => {
-                self.running -= 1;
+                self.released(call);
                 self.check();
                 Removed::CrashedDuring(call)
             }
@@ -295,10 +357,10 @@ impl Scheduler {
     /// the worker is being killed): the worker must get nothing new.
     pub fn abandon(&mut self, id: u32) {
         if let Some(w) = self.workers.get_mut(&id) {
-            if matches!(w.state, WorkerState::Busy(_)) {
+            if let WorkerState::Busy(call) = w.state {
                 // Stopping before it is killed: it gets nothing new.
                 w.state = WorkerState::Stopping;
-                self.running -= 1;
+                self.released(call);
             }
         }
         self.check();
@@ -334,6 +396,7 @@ impl Scheduler {
     pub fn drain_queue(&mut self) -> Vec<u64> {
         let mut all: Vec<u64> = self.nested.drain(..).collect();
         all.extend(self.queue.drain(..));
+        all.extend(self.background.drain(..));
         all
     }
 
@@ -562,5 +625,45 @@ mod tests {
         s.unreserve(w);
         assert_eq!(s.running(), 0);
         assert_eq!(s.status(0).idle, 1);
+    }
+
+    #[test]
+    fn background_calls_go_last_and_do_not_hold_back_ordinary_ones() {
+        let mut s = Scheduler::new(1, 8, 1e-3);
+        ready_pool(&mut s, 4);
+        // Slow arrivals (1/s) of long calls (100 ms): τ = 1.
+        s.enqueue_background(1, 0);
+        let (c, w) = s.next_dispatch(0, 0).expect("dispatch");
+        assert_eq!(c, 1);
+        s.complete(w, 1, 100 * MS, 100 * MS);
+        s.enqueue_background(2, 1000 * MS);
+        s.enqueue_background(3, 2000 * MS);
+        let now = 2000 * MS;
+        assert_eq!(s.tau(now), 1);
+        let (c, w2) = s.next_dispatch(now, 0).expect("dispatch");
+        assert_eq!(c, 2);
+        // τ is taken by a background call: the next background one waits...
+        assert_eq!(s.next_dispatch(now, 0), None);
+        assert_eq!(s.workers_to_create(now), 0);
+        // ...but an ordinary call does not, and goes before it.
+        let now = 3000 * MS;
+        s.enqueue(20, now);
+        assert_eq!(s.tau(now), 1);
+        let (c, w20) = s.next_dispatch(now, 0).expect("an ordinary call is not held back");
+        assert_eq!(c, 20);
+        // Ordinary calls hold their τ: the next ordinary one waits, and the
+        // background one behind it too.
+        let later = now + 1000 * MS;
+        s.enqueue(21, later);
+        assert_eq!(s.tau(later), 1);
+        assert_eq!(s.next_dispatch(later, 0), None);
+        assert_eq!(s.queued(), 2);
+        assert!(s.complete(w20, 20, MS, later + MS));
+        assert_eq!(s.next_dispatch(later + MS, 0).map(|d| d.0), Some(21));
+        assert_eq!(s.next_dispatch(later + MS, 0), None);
+        // A background call that crashes frees its place too.
+        assert_eq!(s.remove_worker(w2), Removed::CrashedDuring(2));
+        assert_eq!((s.running(), s.foreground_running()), (1, 1));
+        assert_eq!(s.drain_queue(), vec![3]);
     }
 }

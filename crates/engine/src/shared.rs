@@ -183,6 +183,9 @@ pub(crate) struct CallRecord {
     /// Its callers hold workers of its function: it is dispatched first and
     /// beyond τ (scheduler module doc).
     pub nested: bool,
+    /// An asynchronous call from the gateway's queue: dispatched after
+    /// ordinary calls (scheduler module doc).
+    pub background: bool,
     /// Came in from another server (`remote`): how many calls are above it
     /// there (at most `--max-call-depth`, 1024). Its `parent_call_id` here
     /// is 0, the root of a chain here.
@@ -345,13 +348,13 @@ impl Shared {
     /// I/O thread (for dispatch locality). Returns gateway replies to send.
     pub fn submit(&self, call_id: u64, rec: CallRecord, cur: usize) -> Vec<GatewayReply> {
         let func = rec.func.clone();
-        let (now, nested) = (rec.recv_ns, rec.nested);
+        let (now, nested, background) = (rec.recv_ns, rec.nested, rec.background);
         if let Err(rec) = self.calls.insert(call_id, rec) {
             // Internal calls are checked earlier (`ancestry`), with a better
             // message; this is every origin's last line. The call in flight
             // keeps its record and its answer.
             let msg = format!("call id {call_id:016x} is already in flight");
-            return self.deliver(call_id, rec, Outcome::Err(ErrorKind::BadRequest, msg), None).into_iter().collect();
+            return self.deliver(call_id, *rec, Outcome::Err(ErrorKind::BadRequest, msg), None).into_iter().collect();
         }
         let (removed, full) = {
             let mut core = func.lock_core();
@@ -359,6 +362,8 @@ impl Shared {
             if !core.removed && !full {
                 if nested {
                     core.sched.enqueue_nested(call_id, now);
+                } else if background {
+                    core.sched.enqueue_background(call_id, now);
                 } else {
                     core.sched.enqueue(call_id, now);
                 }

@@ -80,6 +80,7 @@ fn register(f: &Fixture, name: &str, max_queue: u32) {
         placement: Default::default(),
         auth: Default::default(),
         secrets: Vec::new(),
+        async_calls: Default::default(),
     };
     let mut c = connect(f, Role::Control);
     api::control::write_request(&mut c, &Request::Register { spec, secrets: Default::default() }, &archive)

@@ -112,10 +112,14 @@ impl EngineLink {
     /// Sends a call and waits for its reply. `key_checked`: the caller's
     /// invoke key was checked against the function's keys.
     pub async fn call(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8], key_checked: bool) -> Reply {
-        self.exchange(call_id, timeout_ms, || {
-            wire::frame::checked_call_frame(call_id, timeout_ms, name, input, key_checked)
-        })
-        .await
+        let flags = if key_checked { wire::frame::CALL_KEY_CHECKED } else { 0 };
+        self.call_flagged(call_id, timeout_ms, name, input, flags).await
+    }
+
+    /// [`EngineLink::call`] with the Call frame's flags (`wire::frame::CALL_*`).
+    pub async fn call_flagged(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8], flags: u32) -> Reply {
+        self.exchange(call_id, timeout_ms, || wire::frame::flagged_call_frame(call_id, timeout_ms, name, input, flags))
+            .await
     }
 
     /// Sends an internal call from another engine (a `Forward` frame under

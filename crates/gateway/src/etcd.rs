@@ -101,6 +101,13 @@ impl Etcd {
         format!("{}{kind}/{name}", self.prefix)
     }
 
+    /// An asynchronous call's key. Beside the functions' keys, not among
+    /// them: `~` sorts after every kind's name, so [`Meta::revision`]'s
+    /// range (up to `~`) does not see calls come and go.
+    fn call_key(&self, id: &str) -> String {
+        format!("{}~calls/{id}", self.prefix)
+    }
+
     /// One request to the first endpoint that answers.
     fn call(&self, path: &str, body: &Value) -> Result<Value, StoreError> {
         let body = serde_json::to_vec(body).map_err(unavailable)?;
@@ -336,17 +343,66 @@ impl Meta for Etcd {
         self.stamps("stored_at")
     }
 
-    /// etcd's revision (a range's header carries it): it changes at every
-    /// write to the etcd cluster, ours or not, so a change here only says
-    /// the store may have changed.
+    /// What changes when functions, placements, keys or secrets do: the
+    /// newest modification revision among their keys and how many there
+    /// are (a removal lowers the count; a write raises the newest). The
+    /// asynchronous calls (beyond `~`) are left out: they change all the
+    /// time and no gateway needs to reread the functions for them.
     fn revision(&self) -> Result<Option<u64>, StoreError> {
+        let end = format!("{}~", self.prefix);
         let v = self.call(
             "/v3/kv/range",
-            &json!({ "key": b64(&self.prefix), "range_end": b64(prefix_end(&self.prefix)), "count_only": true }),
+            &json!({ "key": b64(&self.prefix), "range_end": b64(&end), "keys_only": true, "limit": 1,
+                     "sort_order": "DESCEND", "sort_target": "MOD" }),
         )?;
-        let r = &v["header"]["revision"];
-        let r = r.as_str().and_then(|s| s.parse().ok()).or(r.as_u64());
-        r.map(Some).ok_or_else(|| StoreError::Db(format!("etcd answered a range without a revision: {v}")))
+        let num = |x: &Value| x.as_str().and_then(|s| s.parse::<u64>().ok()).or(x.as_u64());
+        let newest = num(&v["kvs"][0]["mod_revision"]).unwrap_or(0);
+        let count = num(&v["count"]).unwrap_or(0);
+        if v["header"]["revision"].is_null() {
+            return Err(StoreError::Db(format!("etcd answered a range without a revision: {v}")));
+        }
+        Ok(Some(newest.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ count))
+    }
+
+    fn write_calls(&self, put: &[(&str, &[u8])], remove: &[&str]) -> Result<(), StoreError> {
+        // etcd refuses a transaction naming a key twice, or with more than
+        // 128 operations (its default --max-txn-ops).
+        let mut ops: Vec<(String, Value)> = Vec::new();
+        for (id, rec) in put {
+            let k = self.call_key(id);
+            ops.retain(|(x, _)| *x != k);
+            let op = put_op(&k, rec);
+            ops.push((k, op));
+        }
+        for id in remove {
+            let k = self.call_key(id);
+            ops.retain(|(x, _)| *x != k);
+            let op = delete_op(&k);
+            ops.push((k, op));
+        }
+        let mut size = 0;
+        let mut batch = Vec::new();
+        for (_, op) in ops {
+            let len = op.to_string().len();
+            if !batch.is_empty() && (batch.len() == 128 || size + len > 1 << 20) {
+                self.txn(std::mem::take(&mut batch))?;
+                size = 0;
+            }
+            size += len;
+            batch.push(op);
+        }
+        if !batch.is_empty() {
+            self.txn(batch)?;
+        }
+        Ok(())
+    }
+
+    fn calls(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.range(&self.call_key(""))
+    }
+
+    fn call(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.get_key(&self.call_key(id))
     }
 
     fn put_archive(&self, digest: &str, archive: &[u8]) -> Result<(), StoreError> {

@@ -1,5 +1,5 @@
-//! HTTP routes: `/function/{name}` runs a function; `/system/*` manages
-//! them; `/healthz` and `/metrics` observe the gateway.
+//! HTTP routes: `/function/{name}` runs a function, `/async-function/{name}`
+//! queues a call of it ([`crate::async_http`]); `/system/*` manages them; `/healthz` and `/metrics` observe the gateway.
 //!
 //! Everything here is hostile until checked: a gateway on loopback answers
 //! only requests addressed to a loopback name (a web page cannot reach it by
@@ -71,6 +71,7 @@ pub(crate) async fn handle(
             let name = name.to_string();
             invoke(&sh, &th, &name, req).await
         }
+        (&Method::POST, ["async-function", name]) => crate::async_http::accept(&sh, &th, name, req).await,
         (&Method::GET, ["healthz"]) => {
             // Healthy means calls can succeed: an engine is connected, and
             // every stored function is on it (after a (re)connection too).
@@ -84,7 +85,7 @@ pub(crate) async fn handle(
         (&Method::GET, ["livez"]) => json_resp(StatusCode::OK, &json!({"status": "ok"})),
         (&Method::GET, ["metrics"]) => Response::builder()
             .header(CONTENT_TYPE, "text/plain; version=0.0.4")
-            .body(Full::new(Bytes::from(sh.metrics.render())))
+            .body(Full::new(Bytes::from(sh.metrics.render() + &sh.calls.render_metrics())))
             .expect("static response parts"),
         (_, ["system", ..]) => {
             if let Some(why) = inputs::cross_origin(req.headers()) {
@@ -113,7 +114,7 @@ fn wrong_type(want: &str, got: &str) -> Resp {
 
 /// The answer to a call of a function that needs an invoke key, without
 /// one of its keys.
-fn refused(sh: &GwShared, th: &ThreadState, name: &str, verdict: &Verdict, start: Instant) -> Resp {
+pub(crate) fn refused_key(sh: &GwShared, th: &ThreadState, name: &str, verdict: &Verdict, start: Instant) -> Resp {
     sh.metrics.record(th.index(), name, "unauthorized", start.elapsed().as_secs_f64());
     let msg = if *verdict == Verdict::Missing {
         format!(
@@ -133,7 +134,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
     let bearer = inputs::bearer(req.headers()).to_vec();
     let verdict = sh.keys.check(name, &bearer);
     if matches!(verdict, Verdict::Missing | Verdict::Wrong) {
-        return refused(sh, th, name, &verdict, start);
+        return refused_key(sh, th, name, &verdict, start);
     }
     let call_id = th.next_call_id();
     let mut served_by: Option<Arc<Engine>> = None;
@@ -177,7 +178,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                     match sh.keys.check(name, &bearer) {
                         Verdict::Allowed => sent = send(true).await,
                         Verdict::Open => {}
-                        v => return refused(sh, th, name, &v, start),
+                        v => return refused_key(sh, th, name, &v, start),
                     }
                 }
                 let reply = match sent {
@@ -329,6 +330,10 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
             }
             json_resp(StatusCode::OK, &Value::Array(out))
         }
+        (&Method::GET, ["calls"]) => crate::async_http::list(sh, &query),
+        (&Method::GET, ["calls", id]) => crate::async_http::get(sh, id),
+        (&Method::POST, ["calls", id, "replay"]) => crate::async_http::replay(sh, id).await,
+        (&Method::DELETE, ["calls", id]) => crate::async_http::remove(sh, id).await,
         (&Method::GET, ["engines"]) => json_resp(StatusCode::OK, &json!(sh.engines.rows())),
         (&Method::POST, ["engines"]) => {
             let ct = inputs::content_type(req.headers());
@@ -942,7 +947,7 @@ fn store_status(e: &crate::store::StoreError) -> StatusCode {
     }
 }
 
-fn store_error(e: &crate::store::StoreError) -> Resp {
+pub(crate) fn store_error(e: &crate::store::StoreError) -> Resp {
     let status = store_status(e);
     let kind = if status == StatusCode::SERVICE_UNAVAILABLE { "store_unavailable" } else { "internal" };
     error_resp(status, kind, &e.to_string(), None)

@@ -15,6 +15,9 @@
 //! runs it ([`forward`]).
 #![forbid(unsafe_code)]
 
+mod async_http;
+mod callback;
+mod calls;
 pub mod cluster;
 mod control;
 mod engine_link;
@@ -28,6 +31,8 @@ pub mod placement;
 mod secrets;
 pub mod store;
 
+pub use callback::Cidr;
+pub use calls::AsyncConfig;
 use cluster::{Engine, Engines};
 use engine_link::{EngineLink, ForwardTx};
 use hyper::server::conn::http1;
@@ -68,6 +73,8 @@ pub struct GatewayConfig {
     pub store_url: Option<String>,
     /// The key that seals secrets (`None`: `<state_dir>/secrets.key`).
     pub secrets_key_file: Option<PathBuf>,
+    /// Asynchronous calls: bounds, retention, callbacks.
+    pub async_calls: calls::AsyncConfig,
     /// The listeners are bound here but accepted on by another front door
     /// (the engine's, in `staccato up`): see [`Gateway::take_listeners`].
     /// It hands the connections it does not serve to [`Gateway::adopt`].
@@ -163,6 +170,13 @@ impl Gateway {
         self.sh.cfg.listen.ip().is_loopback()
     }
 
+    /// Stops starting asynchronous calls and waits for those running (up
+    /// to the drain time) and for their results to be stored: call before
+    /// the engines stop.
+    pub fn stop_async(&self) {
+        self.sh.calls.stop();
+    }
+
     /// How long a connection may stay silent before its head is complete.
     pub fn idle_timeout(&self) -> std::time::Duration {
         self.sh.cfg.idle_timeout
@@ -182,6 +196,8 @@ pub(crate) struct GwShared {
     pub placements: Arc<Placements>,
     /// Functions that need an invoke key, and their keys' digests.
     pub keys: Arc<keys::Keys>,
+    /// The asynchronous calls' queue.
+    pub calls: Arc<calls::Calls>,
 }
 
 /// Per-thread state: the thread's links to the engines and call id counter.
@@ -485,6 +501,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     // caller, and so port 0 resolves to one port every thread shares.
     let first = bind(cfg.listen).map_err(|e| GatewayError::Listen(cfg.listen, e))?;
     let addr = first.local_addr()?;
+    let calls = calls::Calls::open(store.clone(), cfg.async_calls.clone(), &cfg.state_dir, addr)?;
     let sh = Arc::new(GwShared {
         cfg,
         store,
@@ -492,6 +509,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         engines,
         placements,
         keys,
+        calls,
         connections: AtomicUsize::new(0),
         reserve: AtomicUsize::new(0),
         warned_full_s: AtomicU64::new(0),
@@ -523,7 +541,61 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         adopt.push(tx);
         std::thread::Builder::new().name(format!("gateway-{i}")).spawn(move || serve_thread(sh, i, l, rx, cpu))?;
     }
+    let sh2 = sh.clone();
+    std::thread::Builder::new().name("gateway-async".into()).spawn(move || async_thread(sh2, threads))?;
     Ok(Gateway { addr, sh, adopt, listeners: std::sync::Mutex::new(kept) })
+}
+
+/// Runs the asynchronous calls on links of its own to the engines (its
+/// index follows the HTTP threads', for its call ids).
+fn async_thread(sh: Arc<GwShared>, idx: usize) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            log::error!("gateway async thread: {e}; async calls are accepted but not run");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let th = thread_state(&sh, idx.min(63));
+        sh.calls.clone().dispatch(sh.clone(), th).await;
+    });
+}
+
+/// A thread's links to the engines, kept in line with the engine table,
+/// and the internal calls the engines forward on them, each run on a task
+/// of its own. Call from within the thread's `LocalSet`.
+fn thread_state(sh: &Arc<GwShared>, idx: usize) -> Rc<ThreadState> {
+    let (forwards, mut forwarded) = tokio::sync::mpsc::unbounded_channel();
+    let th = Rc::new(ThreadState {
+        links: RefCell::new(Vec::new()),
+        seen: Cell::new(0),
+        routes: RefCell::new(HashMap::new()),
+        seen_routes: Cell::new(0),
+        forwards,
+        turn: Cell::new(idx),
+        next_seq: Cell::new(0),
+        thread: idx as u64 & 0x7f,
+        tag: call_id_tag(),
+    });
+    // Links to the engines known now, before the first request, and to
+    // those that join later, before their first call.
+    th.sync(sh);
+    let (sh2, th2) = (sh.clone(), th.clone());
+    tokio::task::spawn_local(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            th2.sync(&sh2);
+        }
+    });
+    let (sh2, th2) = (sh.clone(), th.clone());
+    tokio::task::spawn_local(async move {
+        while let Some(f) = forwarded.recv().await {
+            tokio::task::spawn_local(forward::run(sh2.clone(), th2.clone(), f));
+        }
+    });
+    th
 }
 
 /// A connection's place in the count; given back when it closes.
@@ -603,35 +675,7 @@ fn serve_thread(
                 return;
             }
         };
-        let (forwards, mut forwarded) = tokio::sync::mpsc::unbounded_channel();
-        let th = Rc::new(ThreadState {
-            links: RefCell::new(Vec::new()),
-            seen: Cell::new(0),
-            routes: RefCell::new(HashMap::new()),
-            seen_routes: Cell::new(0),
-            forwards,
-            turn: Cell::new(idx),
-            next_seq: Cell::new(0),
-            thread: idx as u64 & 0x7f,
-            tag: call_id_tag(),
-        });
-        // Links to the engines known now, before the first request, and to
-        // those that join later, before their first call.
-        th.sync(&sh);
-        let (sh2, th2) = (sh.clone(), th.clone());
-        tokio::task::spawn_local(async move {
-            loop {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                th2.sync(&sh2);
-            }
-        });
-        // Internal calls the engines send on, each on a task of its own.
-        let (sh2, th2) = (sh.clone(), th.clone());
-        tokio::task::spawn_local(async move {
-            while let Some(f) = forwarded.recv().await {
-                tokio::task::spawn_local(forward::run(sh2.clone(), th2.clone(), f));
-            }
-        });
+        let th = thread_state(&sh, idx);
         let started = std::time::Instant::now();
         loop {
             let accepted = async {

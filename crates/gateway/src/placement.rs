@@ -233,6 +233,7 @@ mod tests {
             placement: Placement { engines: n, labels: Default::default() },
             auth: Default::default(),
             secrets: Vec::new(),
+            async_calls: Default::default(),
         }
     }
 

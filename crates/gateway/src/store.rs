@@ -30,6 +30,8 @@ const REMOVED: TableDefinition<&str, u64> = TableDefinition::new("removed");
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("keys");
 /// Sealed secrets (`crate::secrets::SecretRecord`, JSON), by secret name.
 const SECRETS: TableDefinition<&str, &[u8]> = TableDefinition::new("secrets");
+/// Asynchronous calls by id: the queue's write-ahead record ([`crate::calls`]).
+const CALLS: TableDefinition<&str, &[u8]> = TableDefinition::new("calls");
 
 pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -114,6 +116,13 @@ pub trait Meta: Send + Sync {
     /// Every secret, by name.
     fn secrets(&self) -> Result<Vec<(String, SecretRecord)>, StoreError>;
     fn remove_secret(&self, name: &str) -> Result<bool, StoreError>;
+    /// Writes asynchronous call records and removes others, in one
+    /// transaction (or, where a transaction is bounded, in order: each
+    /// record is written whole or not at all).
+    fn write_calls(&self, put: &[(&str, &[u8])], remove: &[&str]) -> Result<(), StoreError>;
+    /// Every asynchronous call record.
+    fn calls(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
+    fn call(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 
 /// What [`Meta::put_key`] did.
@@ -173,6 +182,18 @@ impl Store {
 
     pub fn remove_secret(&self, name: &str) -> Result<bool, StoreError> {
         self.meta.remove_secret(name)
+    }
+
+    pub fn write_calls(&self, put: &[(&str, &[u8])], remove: &[&str]) -> Result<(), StoreError> {
+        self.meta.write_calls(put, remove)
+    }
+
+    pub fn calls(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.meta.calls()
+    }
+
+    pub fn call(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.meta.call(id)
     }
 
     /// The values of the secrets `names`, opened, to send to an engine.
@@ -359,6 +380,7 @@ impl Local {
         tx.open_table(REMOVED).map_err(db)?;
         tx.open_table(KEYS).map_err(db)?;
         tx.open_table(SECRETS).map_err(db)?;
+        tx.open_table(CALLS).map_err(db)?;
         tx.commit().map_err(db)?;
         Ok(Local { db: database })
     }
@@ -530,6 +552,37 @@ impl Meta for Local {
         Ok(existed)
     }
 
+    fn write_calls(&self, put: &[(&str, &[u8])], remove: &[&str]) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(db)?;
+        {
+            let mut t = tx.open_table(CALLS).map_err(db)?;
+            for (id, rec) in put {
+                t.insert(*id, *rec).map_err(db)?;
+            }
+            for id in remove {
+                t.remove(*id).map_err(db)?;
+            }
+        }
+        tx.commit().map_err(db)
+    }
+
+    fn calls(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = tx.open_table(CALLS).map_err(db)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(db)? {
+            let (k, v) = row.map_err(db)?;
+            out.push((k.value().to_string(), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn call(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let tx = self.db.begin_read().map_err(db)?;
+        let table = tx.open_table(CALLS).map_err(db)?;
+        Ok(table.get(id).map_err(db)?.map(|v| v.value().to_vec()))
+    }
+
     fn keys(&self) -> Result<HashMap<String, Vec<KeyRecord>>, StoreError> {
         let tx = self.db.begin_read().map_err(db)?;
         let table = tx.open_table(KEYS).map_err(db)?;
@@ -614,6 +667,7 @@ pub(crate) mod tests {
             placement: Default::default(),
             auth: Default::default(),
             secrets: Vec::new(),
+            async_calls: Default::default(),
         }
     }
 

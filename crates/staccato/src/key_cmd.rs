@@ -48,7 +48,7 @@ pub fn run(c: &mut Gateway, cmd: KeyCmd) -> Result<()> {
             }
             println!("function {function} (auth: {})", v["auth"].as_str().unwrap_or("?"));
             println!("{:<10} {:>12}", "ID", "AGE");
-            let now = api_now_ms();
+            let now = now_ms();
             for k in v["keys"].as_array().into_iter().flatten() {
                 let age_s = now.saturating_sub(k["created_ms"].as_u64().unwrap_or(now)) / 1000;
                 println!("{:<10} {:>12}", k["id"].as_str().unwrap_or("?"), age(age_s));
@@ -119,11 +119,11 @@ fn print_made(made: &Value, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn api_now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn age(s: u64) -> String {
+pub(crate) fn age(s: u64) -> String {
     match s {
         0..=119 => format!("{s}s"),
         120..=7199 => format!("{}m", s / 60),

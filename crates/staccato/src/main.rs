@@ -5,6 +5,7 @@
 
 mod bench;
 mod cache_cmd;
+mod calls_cmd;
 mod key_cmd;
 mod new;
 mod secret_cmd;
@@ -73,6 +74,14 @@ enum Cmd {
         /// with a call.
         #[arg(long, env = "STACCATO_INVOKE_KEY", hide_env_values = true)]
         key: Option<String>,
+        /// Queue the call and print its id at once (`POST
+        /// /async-function/NAME`); see it with `staccato calls get ID`.
+        #[arg(long = "async")]
+        async_call: bool,
+        /// With --async: where the gateway posts the result when the call
+        /// ends (http://HOST:PORT/PATH).
+        #[arg(long, requires = "async_call")]
+        callback: Option<String>,
     },
     /// List the engines a gateway sends calls to.
     Engines {
@@ -122,6 +131,9 @@ enum Cmd {
     /// Secrets functions read at /var/secrets/NAME (`secrets:` in a manifest).
     #[command(subcommand)]
     Secret(secret_cmd::SecretCmd),
+    /// Asynchronous calls (`invoke --async`): list them, show one, replay a
+    /// dead letter (`--state failed`), remove one.
+    Calls(calls_cmd::CallsCmd),
     /// A cluster on this machine: gateways and engines on test hosts made
     /// of network namespaces (a demo, and the cluster tests' harness).
     #[command(subcommand)]
@@ -148,10 +160,16 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Down { state_dir } => up::down(state_dir),
         Cmd::New { ref name, lang, ref dir } => new::new(name, lang, dir),
         Cmd::Deploy { ref path } => deploy(&mut client()?, path),
-        Cmd::Invoke { ref name, ref data, timeout_ms, verbose, ref key } => {
+        Cmd::Invoke { ref name, ref data, timeout_ms, verbose, ref key, async_call, ref callback } => {
             let mut c = Gateway::new(&cli.gateway, None, None).with_context(|| format!("gateway {}", cli.gateway))?;
-            invoke(&mut c, name, data.as_deref(), timeout_ms, verbose, key.as_deref())
+            if async_call && timeout_ms.is_some() {
+                bail!("--timeout-ms is for a call that waits; an async call has its function's timeout");
+            }
+            let how =
+                Invocation { timeout_ms, verbose, key: key.as_deref(), async_call, callback: callback.as_deref() };
+            invoke(&mut c, name, data.as_deref(), &how)
         }
+        Cmd::Calls(cmd) => calls_cmd::run(&mut client()?, cmd),
         Cmd::Key(cmd) => key_cmd::run(&mut client()?, cmd),
         Cmd::Secret(cmd) => secret_cmd::run(&mut client()?, cmd),
         Cmd::Ls { json } => ls(&mut client()?, json),
@@ -302,14 +320,17 @@ fn deploy(c: &mut Gateway, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn invoke(
-    c: &mut Gateway,
-    name: &str,
-    data: Option<&str>,
+/// How `staccato invoke` calls.
+struct Invocation<'a> {
     timeout_ms: Option<u32>,
     verbose: bool,
-    key: Option<&str>,
-) -> Result<()> {
+    key: Option<&'a str>,
+    async_call: bool,
+    callback: Option<&'a str>,
+}
+
+fn invoke(c: &mut Gateway, name: &str, data: Option<&str>, how: &Invocation) -> Result<()> {
+    let Invocation { timeout_ms, verbose, key, async_call, callback } = *how;
     function_name(name)?;
     let input = match data {
         Some(d) => d.as_bytes().to_vec(),
@@ -320,12 +341,15 @@ fn invoke(
             b
         }
     };
-    let path = format!("/function/{name}");
+    let path = if async_call { format!("/async-function/{name}") } else { format!("/function/{name}") };
     let timeout = timeout_ms.map(|ms| ms.to_string());
     let mut headers: Vec<(&str, &str)> = timeout.iter().map(|t| ("X-Staccato-Timeout-Ms", t.as_str())).collect();
     let bearer = key.map(|k| format!("Bearer {}", k.trim()));
     if let Some(b) = &bearer {
         headers.push(("Authorization", b.as_str()));
+    }
+    if let Some(url) = callback {
+        headers.push(("X-Callback-Url", url));
     }
     let r = c
         .request_with_headers("POST", &path, &input, &headers)
@@ -341,6 +365,15 @@ fn invoke(
     }
     if r.status >= 400 {
         check(&r)?;
+    }
+    if async_call {
+        let v: Value = serde_json::from_slice(&r.body).context("the gateway's answer to an async call")?;
+        let id = v["call_id"].as_str().unwrap_or("?");
+        println!("{id}");
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            eprintln!("Queued: see `staccato calls get {id}`");
+        }
+        return Ok(());
     }
     std::io::stdout().write_all(&r.body)?;
     if std::io::IsTerminal::is_terminal(&std::io::stdout()) && !r.body.ends_with(b"\n") {

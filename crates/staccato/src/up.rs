@@ -223,6 +223,21 @@ pub struct GatewayArgs {
     /// gateway sharing a store needs the same one.
     #[arg(long, value_name = "FILE")]
     pub secrets_key_file: Option<PathBuf>,
+    /// Asynchronous calls running at once, all functions together (each
+    /// function also at most its async.concurrency).
+    #[arg(long, default_value_t = 64)]
+    pub async_concurrency: usize,
+    /// Asynchronous calls accepted and not finished, at most; more get 429.
+    #[arg(long, default_value_t = 100_000)]
+    pub async_queue_max: usize,
+    /// How long the result of an asynchronous call that succeeded is kept:
+    /// a duration like 30m or 24h (dead letters are kept 7 days).
+    #[arg(long, default_value = "24h", value_parser = secs_flag)]
+    pub async_retention: Duration,
+    /// A network callbacks (X-Callback-Url) may go to besides public
+    /// addresses, like 10.0.0.0/8 or 127.0.0.1/32; repeat for more.
+    #[arg(long, value_name = "CIDR")]
+    pub callback_allow: Vec<gateway::Cidr>,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -335,7 +350,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         ipc_dir.display(),
         state.display()
     );
-    wait_and_stop(&engine)
+    wait_and_stop(&engine, &gw)
 }
 
 pub fn engine_only(args: EngineCmd, token: Option<String>) -> Result<()> {
@@ -536,11 +551,13 @@ fn join_loop(url: &str, mut gw: client::Gateway, join: &api::cluster::Join, stop
     }
 }
 
-/// Runs until SIGTERM/SIGINT, then removes the engine's containers.
-fn wait_and_stop(engine: &engine::Engine) -> Result<()> {
+/// Runs until SIGTERM/SIGINT, then lets the asynchronous calls under way
+/// end and removes the engine's containers.
+fn wait_and_stop(engine: &engine::Engine, gw: &gateway::Gateway) -> Result<()> {
     std::io::Write::flush(&mut std::io::stdout()).ok();
     let sig = sys::process::wait_termination();
     log::info!("signal {sig}: stopping");
+    gw.stop_async();
     engine.shutdown();
     std::process::exit(0)
 }
@@ -550,6 +567,7 @@ pub fn gateway_only(args: GatewayCmd) -> Result<()> {
     std::fs::create_dir_all(&state).with_context(|| format!("creating {}", state.display()))?;
     let _lock = lock_file(&state.join("gateway.lock"), &state)?;
     init_logging();
+    sys::process::block_termination_signals();
     let (secret, _) = engine_secret(&args.secret, &state, false).context(
         "the gateway needs the engine's token (--engine-token, STACCATO_ENGINE_TOKEN or --engine-token-file)",
     )?;
@@ -557,14 +575,11 @@ pub fn gateway_only(args: GatewayCmd) -> Result<()> {
     let engines: Vec<String> = args.engine.iter().map(ToString::to_string).collect();
     let engines = if engines.is_empty() { "none yet: engines join with --join".into() } else { engines.join(", ") };
     println!("Staccato gateway is up: http://{} (engines: {engines})", gw.addr);
-    park()
-}
-
-fn park() -> ! {
     std::io::Write::flush(&mut std::io::stdout()).ok();
-    loop {
-        std::thread::park();
-    }
+    let sig = sys::process::wait_termination();
+    log::info!("signal {sig}: stopping");
+    gw.stop_async();
+    std::process::exit(0)
 }
 
 /// Payloads travel in gateway–engine frames, whose bodies are bounded.
@@ -747,6 +762,13 @@ fn start_gateway(
         pin_threads: matches!(c.placement, PlacementArg::Packed),
         store_url: g.store.clone(),
         secrets_key_file: g.secrets_key_file.clone(),
+        async_calls: gateway::AsyncConfig {
+            concurrency: g.async_concurrency.max(1),
+            queued_max: g.async_queue_max.max(1),
+            retention: g.async_retention,
+            callback_allow: g.callback_allow.clone(),
+            ..gateway::AsyncConfig::default()
+        },
         front_door_elsewhere,
     };
     gateway::start(cfg).context("starting the gateway")

@@ -125,6 +125,13 @@ impl FrameHeader {
         self.c & CALL_KEY_CHECKED != 0
     }
 
+    /// `Call`: an asynchronous call the gateway runs from its queue (`c`
+    /// bit 1): the engine runs it after ordinary calls, within τ.
+    pub fn call_background(&self) -> bool {
+        debug_assert_eq!(self.kind, FrameKind::Call);
+        self.c & CALL_BACKGROUND != 0
+    }
+
     /// `Forward`: how many calls are above this one in its chain, on every
     /// server it crossed (the callee's engine counts on from there).
     pub fn forward_depth(&self) -> u32 {
@@ -238,6 +245,8 @@ pub fn frame(kind: FrameKind, body: &[u8]) -> Vec<u8> {
 
 /// `Call` frames, `c`: the gateway checked an invoke key for this call.
 pub const CALL_KEY_CHECKED: u32 = 1;
+/// `Call` frames, `c`: an asynchronous call, run after ordinary ones.
+pub const CALL_BACKGROUND: u32 = 2;
 
 /// Builds a complete `Call` frame: header, function name, input.
 pub fn call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Vec<u8> {
@@ -246,10 +255,16 @@ pub fn call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Ve
 
 /// [`call_frame`], saying whether the gateway checked an invoke key.
 pub fn checked_call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8], key_checked: bool) -> Vec<u8> {
+    let flags = if key_checked { CALL_KEY_CHECKED } else { 0 };
+    flagged_call_frame(call_id, timeout_ms, name, input, flags)
+}
+
+/// [`call_frame`] with the `c` flags ([`CALL_KEY_CHECKED`], [`CALL_BACKGROUND`]).
+pub fn flagged_call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8], flags: u32) -> Vec<u8> {
     let mut h = FrameHeader::new(FrameKind::Call, call_id, name.len() + input.len());
     h.a = timeout_ms;
     h.b = name.len() as u32;
-    h.c = if key_checked { CALL_KEY_CHECKED } else { 0 };
+    h.c = flags;
     let mut out = Vec::with_capacity(FRAME_HEADER_LEN + name.len() + input.len());
     out.extend_from_slice(&h.encode());
     out.extend_from_slice(name.as_bytes());
