@@ -138,6 +138,27 @@ def test_invoke_keys_made_or_revoked_through_one_gateway_hold_at_the_other(two):
     assert b.cli("rm", "locked").returncode == 0
 
 
+def test_async_calls_are_kept_in_the_shared_store(two):
+    """An async call accepted by one gateway is run by it, and its result
+    is read through the other; an input too large for an etcd value is
+    refused up front."""
+    a, b = two, two.b
+    ids = []
+    for i in range(20):
+        r = request(a.port, "POST", "/async-function/echo", body=f"async-{i}".encode())
+        assert r.status == 202, r
+        ids.append(r.json()["call_id"])
+
+    def state(g, cid):
+        return g.get(f"/system/calls/{cid}").json()
+    assert wait_for(lambda: all(state(b, c)["state"] == "ok" for c in ids), timeout=30), state(b, ids[-1])
+    assert [state(b, c)["result"]["output"] for c in ids] == [f"async-{i}" for i in range(20)]
+    listed = b.get("/system/calls?function=echo").json()
+    assert set(ids) <= {c["id"] for c in listed["calls"]}, listed
+    r = request(a.port, "POST", "/async-function/echo", body=b"x" * ((1 << 20) + 1))
+    check_error(r, 413, "payload_too_large", in_message="shared store", call_id=False)
+
+
 def test_an_engine_that_joined_only_the_other_gateway_gets_the_functions(two):
     """Its gateway never saw the source archives: they come from etcd. A
     deploy through the other gateway afterwards reaches it too (the store's

@@ -704,15 +704,22 @@ def test_new_scaffolds_a_deployable_function(server, tmp_path, lang):
     assert again.returncode != 0 and "already exists" in again.stderr
 
 
-@pytest.mark.parametrize("lang", ["python", "node"])
+@pytest.mark.parametrize("lang", ["python", "node", "go", "c", "cpp"])
 def test_a_scaffold_comes_with_a_unit_test_that_runs_without_an_engine(server, tmp_path, lang):
     """`staccato new` writes a unit test using the runtime's test helper;
     it passes with the runtime's package installed as the command says
-    (pip: the package on the path; npm: `npm install <runtimes/node>`)."""
+    (pip: the package on the path; npm: `npm install <runtimes/node>`; Go,
+    C and C++: the command it prints, run as printed)."""
     name = f"unit-{lang}"
     p = server.cli("new", name, "--lang", lang, "--dir", tmp_path)
     assert p.returncode == 0 and "Unit test:" in p.stdout, p
     d = tmp_path / name
+    if lang in ("go", "c", "cpp"):
+        command = p.stdout.split("Unit test: ", 1)[1].splitlines()[0].split("   (")[0]
+        r = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, command + "\n" + r.stdout + r.stderr
+        assert ("ok  \t" in r.stdout) if lang == "go" else (f"ok: Hello from {name}: world" in r.stdout), r.stdout
+        return
     if lang == "python":
         env = {**os.environ, "PYTHONPATH": str(REPO / "runtimes" / "python")}
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=d, env=env,

@@ -19,9 +19,9 @@ fn template(lang: Lang) -> (&'static str, &'static str, Vec<(&'static str, &'sta
     match lang {
         Lang::Python => ("python", "handler:handle", vec![("handler.py", PYTHON), ("test_handler.py", PYTHON_TEST)]),
         Lang::Node => ("node", "handler.mjs:handle", vec![("handler.mjs", NODE), ("handler.test.mjs", NODE_TEST)]),
-        Lang::Go => ("go", "Handle", vec![("handler.go", GO)]),
-        Lang::C => ("c", "handler.c", vec![("handler.c", C)]),
-        Lang::Cpp => ("cpp", "handler.cpp", vec![("handler.cpp", CPP)]),
+        Lang::Go => ("go", "Handle", vec![("handler.go", GO), ("handler_test.go", GO_TEST), ("go.mod", GO_MOD)]),
+        Lang::C => ("c", "handler.c", vec![("handler.c", C), ("test_handler.c", C_TEST)]),
+        Lang::Cpp => ("cpp", "handler.cpp", vec![("handler.cpp", CPP), ("test_handler.cpp", CPP_TEST)]),
     }
 }
 
@@ -40,23 +40,36 @@ pub fn new(name: &str, lang: Lang, parent: &Path) -> Result<()> {
          min_workers: 1\n    max_workers: 8\n    timeout: 10s\n"
     );
     std::fs::write(dir.join("staccato.yml"), manifest)?;
+    // The runtime's code, for a test that builds against it.
+    let runtimes = engine::config::find_runtimes(None).ok();
+    let sdk = |sub: &str| {
+        runtimes.as_ref().map_or(format!("<staccato>/runtimes/{sub}"), |r| r.join(sub).display().to_string())
+    };
     for (file, text) in files {
-        std::fs::write(dir.join(file), text.replace("{name}", name))?;
+        std::fs::write(dir.join(file), text.replace("{name}", name).replace("{go_sdk}", &sdk("go")))?;
     }
     println!("Created {}/ ({runtime} function {name})", dir.display());
     println!("Next: staccato deploy {} && staccato invoke {name} --data world", dir.display());
     // The unit test runs the handler without an engine, through the
     // runtime's package, installed from this Staccato's runtimes.
-    let runtimes = engine::config::find_runtimes(None).ok();
-    let sdk = |sub: &str| {
-        runtimes.as_ref().map_or(format!("<staccato>/runtimes/{sub}"), |r| r.join(sub).display().to_string())
-    };
+    let d = dir.display();
     match lang {
         Lang::Python => {
             println!("Unit test: pip install {} && (cd {} && python3 -m pytest)", sdk("python"), dir.display())
         }
-        Lang::Node => println!("Unit test: (cd {} && npm install {} && node --test)", dir.display(), sdk("node")),
-        _ => {}
+        Lang::Node => println!("Unit test: (cd {d} && npm install {} && node --test)", sdk("node")),
+        Lang::Go => println!("Unit test: (cd {d} && go test ./...)   (go.mod points at {})", sdk("go")),
+        Lang::C => println!(
+            "Unit test: (cd {d} && cc -I {c}/include handler.c test_handler.c {c}/src/testing.c -pthread -o \
+             unit-test && ./unit-test)",
+            c = sdk("c")
+        ),
+        Lang::Cpp => println!(
+            "Unit test: (cd {d} && cc -c -I {c}/include {c}/src/testing.c && g++ -std=c++20 -I {c}/include -I \
+             {cpp}/include handler.cpp test_handler.cpp testing.o -pthread -o unit-test && ./unit-test)",
+            c = sdk("c"),
+            cpp = sdk("cpp")
+        ),
     }
     Ok(())
 }
@@ -126,6 +139,104 @@ import "staccato.local/go/staccato"
 func Handle(ctx *staccato.Context, in []byte) ([]byte, error) {
 	ctx.Logf("called with %d bytes", len(in))
 	return append([]byte("Hello from {name}: "), in...), nil
+}
+"#;
+
+const GO_TEST: &str = r#"package handler
+
+// The handler without an engine (staccato.RunHandler): go test ./...
+
+import (
+	"testing"
+
+	"staccato.local/go/staccato"
+)
+
+func TestGreets(t *testing.T) {
+	out, err := staccato.RunHandler(Handle, []byte("world"), staccato.RunOptions{Function: "{name}"})
+	if err != nil || string(out) != "Hello from {name}: world" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+}
+
+func TestACallItMakesCanBeFaked(t *testing.T) {
+	// ctx.Call("other", ...) in the handler would be answered like this:
+	calls := &staccato.FakeCalls{Callees: map[string]func([]byte) ([]byte, error){
+		"other": func(in []byte) ([]byte, error) { return in, nil },
+	}}
+	if _, err := staccato.RunHandler(Handle, []byte("x"), staccato.RunOptions{Calls: calls}); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls.Made()) != 0 {
+		t.Fatalf("calls made: %v", calls.Made()) // this handler calls nothing yet
+	}
+}
+"#;
+
+/// The module of a Go function: the runtime's module has no public path,
+/// so a test finds it by `replace` (the deploy's build ignores this one).
+const GO_MOD: &str = r#"module {name}
+
+go 1.22
+
+require staccato.local/go v0.0.0
+
+replace staccato.local/go => {go_sdk}
+"#;
+
+const C_TEST: &str = r#"/* The handler without an engine (libstaccato-testing, staccato_testing.h).
+ * Build and run (the engine compiles handler.c only):
+ *   cc -I <staccato>/runtimes/c/include handler.c test_handler.c \
+ *      <staccato>/runtimes/c/src/testing.c -pthread -o unit-test && ./unit-test
+ * or with `make -C <staccato>/runtimes/c install`: pkg-config staccato-testing */
+#include <staccato_testing.h>
+#include <stdio.h>
+#include <string.h>
+
+static int other(const uint8_t *in, size_t len, staccato_result *out, void *arg) {
+    (void)arg;
+    return staccato_fake_reply(out, STACCATO_OK, in, len);
+}
+
+int main(void) {
+    /* staccato_call(ctx, "other", ...) in the handler would be answered by
+     * other() above. */
+    staccato_fake_callee callees[] = {{"other", other, NULL}};
+    staccato_test_options o = {.function = "{name}", .timeout_us = 1000000, .callees = callees, .n_callees = 1};
+    staccato_test_result r;
+    int kind = staccato_test_run(staccato_handle, (const uint8_t *)"world", 5, &o, &r);
+    const char *want = "Hello from {name}: world";
+    int ok = kind == STACCATO_OK && r.output_len == strlen(want) && memcmp(r.output, want, r.output_len) == 0 &&
+             r.n_calls == 0; /* this handler calls nothing yet */
+    printf("%s: %s\n", ok ? "ok" : "FAILED", kind == STACCATO_OK ? (char *)r.output : r.error);
+    staccato_test_result_free(&r);
+    return ok ? 0 : 1;
+}
+"#;
+
+const CPP_TEST: &str = r#"// The handler without an engine (libstaccato-testing, staccato_testing.h).
+// Build and run (the engine compiles handler.cpp only):
+//   cc -c -I <staccato>/runtimes/c/include <staccato>/runtimes/c/src/testing.c
+//   g++ -std=c++20 -I <staccato>/runtimes/c/include -I <staccato>/runtimes/cpp/include \
+//       handler.cpp test_handler.cpp testing.o -pthread -o unit-test && ./unit-test
+#include <staccato_testing.h>
+
+#include <cstdio>
+#include <string>
+
+extern "C" int staccato_handle(staccato_ctx*, const std::uint8_t*, std::size_t);
+
+int main() {
+    staccato_test_options o{};
+    o.function = "{name}";
+    o.timeout_us = 1000000;  // ctx.call() would be answered by o.callees
+    staccato_test_result r;
+    int kind = staccato_test_run(staccato_handle, reinterpret_cast<const std::uint8_t*>("world"), 5, &o, &r);
+    std::string out = kind == STACCATO_OK ? std::string(reinterpret_cast<char*>(r.output), r.output_len) : r.error;
+    bool ok = kind == STACCATO_OK && out == "Hello from {name}: world" && r.n_calls == 0;
+    std::printf("%s: %s\n", ok ? "ok" : "FAILED", out.c_str());
+    staccato_test_result_free(&r);
+    return ok ? 0 : 1;
 }
 "#;
 
