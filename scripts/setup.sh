@@ -9,6 +9,8 @@ dpkg -s libcjson-dev >/dev/null 2>&1 || need_apt+=(libcjson-dev)
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
+# The C runtime's tests build against its installed pkg-config files.
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 # Function containers (issue 4): runc, the static C library for the
 # container init, and iproute2 + nftables for isolated networks.
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)
