@@ -31,7 +31,7 @@ functions:
     runtime: python
     source: {PY}
     handler: crash:handle
-    async: {{ retries: 2, backoff: 50ms }}
+    async: {{ retries: 2, backoff: 300ms }}
   throws:
     runtime: python
     source: {PY}
@@ -45,6 +45,7 @@ functions:
     runtime: python
     source: {PY}
     handler: slow:handle
+    env: {{ RECORD_TO: {record_to} }}
     worker_mode: fork
     min_workers: 2
     max_workers: 2
@@ -137,18 +138,35 @@ def test_runtime_errors_are_retried_then_kept_as_dead_letters_to_replay(srv):
     assert v["state"] == "failed" and v["attempts"] == 3 == v["max_attempts"], v
     assert [e["error"] for e in v["errors"]] == ["worker_crashed"] * 3, v
     assert v["result"]["error"] == "worker_crashed" and v["result"]["status"] == 502, v
-    # Backoff: 50 ms, then 100 ms (give or take a quarter) between attempts.
+    # Backoff: 300 ms, then 600 ms (give or take a quarter) between attempts
+    # (a crashed worker's replacement takes far less).
     at = [e["at_ms"] for e in v["errors"]]
-    assert at[1] - at[0] >= 37 and at[2] - at[1] >= 75, at
+    assert at[1] - at[0] >= 225 and at[2] - at[1] >= 450, at
     p = srv.cli("calls", "--state", "failed", "--function", "crash")
     assert p.returncode == 0 and cid in p.stdout and "worker_crashed" in p.stdout, p.stdout
     listed = srv.get("/system/calls?state=failed&function=crash").json()
     assert cid in [c["id"] for c in listed["calls"]] and listed["by_state"]["failed"] >= 1, listed
-    # Replayed: run again from its first attempt.
-    p = srv.cli("calls", "replay", cid)
-    assert p.returncode == 0, p.stderr
+    # Replayed: run again from its first attempt; two replays at once run
+    # it once (the other is refused).
+    replays = []
+
+    def replay():
+        replays.append(request(srv.port, "POST", f"/system/calls/{cid}/replay", headers=srv.auth()).status)
+    ts = [threading.Thread(target=replay) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert sorted(replays) == [202, 409], replays
     v = ended(srv, cid)
     assert v["state"] == "failed" and v["replays"] == 1 and v["attempts"] == 3, v
+    assert srv.cli("calls", "replay", cid).returncode == 0
+    v = ended(srv, cid)
+    assert v["replays"] == 2, v
+    # A finished call can be removed.
+    p = srv.cli("calls", "rm", cid)
+    assert p.returncode == 0, p.stderr
+    check_error(srv.get(f"/system/calls/{cid}"), 404, "not_found", call_id=False)
     # A handler's own error is not retried unless retry_on names it.
     v = ended(srv, accepted(submit(srv, "throws", b"no")))
     assert v["state"] == "failed" and v["attempts"] == 1 and v["result"]["error"] == "function_error", v
@@ -253,13 +271,19 @@ def test_a_full_queue_answers_429_and_sync_calls_are_not_starved(srv):
 
 
 def test_queued_calls_can_be_cancelled(srv):
-    ids = [accepted(submit(srv, "slow", b"0.5")) for _ in range(3)]
+    ids = [accepted(submit(srv, "slow", f"0.5{i}".encode())) for i in range(3)]
     last = ids[-1]
     r = request(srv.port, "DELETE", f"/system/calls/{last}", headers=srv.auth())
     assert r.status == 200, r
     check_error(srv.get(f"/system/calls/{last}"), 404, "not_found", call_id=False)
+    # One running cannot be removed.
+    assert wait_for(lambda: srv.get(f"/system/calls/{ids[0]}").json()["state"] == "running", 5)
+    r = request(srv.port, "DELETE", f"/system/calls/{ids[0]}", headers=srv.auth())
+    check_error(r, 409, "conflict", in_message="running", call_id=False)
     for i in ids[:-1]:
         assert ended(srv, i)["state"] == "ok"
+    ran = srv.record_to.read_text()
+    assert "slow:0.50\n" in ran and "slow:0.51\n" in ran and "slow:0.52" not in ran, ran
 
 
 def _too_large(port, chunked, limit=6 << 20):

@@ -22,6 +22,7 @@
 //!       labels: { zone: a }    # that joined with --label zone=a
 //!     auth: key                # calls need an invoke key (default: none)
 //!     secrets: [db-password]   # read at /var/secrets/db-password
+//!     grpc: helloworld.Greeter/SayHello  # or a list: gRPC methods it serves
 //!     async:                   # calls through /async-function/{name}
 //!       retries: 3             # attempts after the first (default 3)
 //!       backoff: 100ms         # before retry n: backoff * 2^(n-1)
@@ -88,6 +89,16 @@ struct Entry {
     secrets: Vec<String>,
     #[serde(default, rename = "async")]
     async_calls: Option<AsyncEntry>,
+    #[serde(default)]
+    grpc: Option<OneOrMany>,
+}
+
+/// A string, or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 #[derive(Deserialize)]
@@ -176,6 +187,11 @@ pub fn parse(text: &str, base: &Path) -> Result<Vec<ManifestFunction>, ManifestE
             auth: e.auth,
             secrets: e.secrets,
             async_calls,
+            grpc: match e.grpc {
+                None => Vec::new(),
+                Some(OneOrMany::One(m)) => vec![m],
+                Some(OneOrMany::Many(v)) => v,
+            },
         };
         s.validate_settings().map_err(err)?;
         out.push(ManifestFunction { spec: s, source_dir });
@@ -355,5 +371,16 @@ mod tests {
         assert!(parse(y, Path::new(".")).unwrap_err().message.contains("tries"));
         let y = "functions:\n  a:\n    runtime: python\n    async: { retry_on: [bad_request] }\n";
         assert!(parse(y, Path::new(".")).unwrap_err().message.contains("may be retried"));
+    }
+
+    #[test]
+    fn grpc_methods_are_one_or_a_list() {
+        let y = "functions:\n  a:\n    runtime: python\n    grpc: helloworld.Greeter/SayHello\n  b:\n    runtime: python\n    \
+                 grpc: [x.S/A, x.S/B]\n";
+        let fs = parse(y, Path::new(".")).unwrap();
+        assert_eq!(fs[0].spec.grpc, ["helloworld.Greeter/SayHello"]);
+        assert_eq!(fs[1].spec.grpc, ["x.S/A", "x.S/B"]);
+        let y = "functions:\n  a:\n    runtime: python\n    grpc: /bad\n";
+        assert!(parse(y, Path::new(".")).unwrap_err().message.contains("gRPC method"));
     }
 }

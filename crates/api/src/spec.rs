@@ -89,6 +89,11 @@ pub struct FunctionSpec {
     /// apart, see [`crate::secrets`]). Left out when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// gRPC methods (`package.Service/Method`) the gateway's gRPC port maps
+    /// to this function: the request message is its input, its output the
+    /// response message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grpc: Vec<String>,
     /// How calls through `/async-function/{name}` are queued and retried.
     #[serde(rename = "async", default, skip_serializing_if = "AsyncSettings::is_default")]
     pub async_calls: AsyncSettings,
@@ -130,6 +135,20 @@ pub fn default_async_queue() -> u32 {
 }
 pub fn default_async_retry_on() -> Vec<String> {
     ["worker_crashed", "timeout", "engine_unavailable"].map(String::from).to_vec()
+}
+
+/// gRPC methods one function may serve, at most.
+pub const GRPC_METHODS_MAX: usize = 16;
+
+/// `package.Service/Method` (the package may be empty or dotted): what a
+/// gRPC request's path is after its leading `/`. Identifiers of ASCII
+/// letters, digits and `_`, not starting with a digit; 256 bytes at most.
+pub fn valid_grpc_method(m: &str) -> bool {
+    let ident = |s: &str| {
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') && !s.as_bytes()[0].is_ascii_digit()
+    };
+    let Some((service, method)) = m.split_once('/') else { return false };
+    m.len() <= 256 && ident(method) && service.split('.').all(ident)
 }
 
 /// At most this many retries of one call.
@@ -188,10 +207,10 @@ impl AsyncSettings {
         if self.queue == 0 || self.queue > ASYNC_QUEUE_MAX {
             return err(format!("async.queue must be between 1 and {ASYNC_QUEUE_MAX}, got {}", self.queue));
         }
-        if self.concurrency > max_workers {
+        if self.concurrency > max_workers || (self.concurrency == max_workers && max_workers > 1) {
             return err(format!(
-                "async.concurrency ({}) is more than max_workers ({max_workers}): synchronous calls would find no \
-                 worker",
+                "async.concurrency ({}) must be less than max_workers ({max_workers}): synchronous calls would find \
+                 no worker",
                 self.concurrency
             ));
         }
@@ -515,6 +534,23 @@ impl FunctionSpec {
             ));
         }
         self.async_calls.validate(self.max_workers)?;
+        if self.grpc.len() > GRPC_METHODS_MAX {
+            return Err(SpecError::new(
+                "grpc",
+                format!("at most {GRPC_METHODS_MAX} gRPC methods per function, got {}", self.grpc.len()),
+            ));
+        }
+        for (i, m) in self.grpc.iter().enumerate() {
+            if !valid_grpc_method(m) {
+                return Err(SpecError::new(
+                    "grpc",
+                    format!("{m:?} is not a gRPC method like helloworld.Greeter/SayHello (package.Service/Method)"),
+                ));
+            }
+            if self.grpc[..i].contains(m) {
+                return Err(SpecError::new("grpc", format!("gRPC method {m} is named twice")));
+            }
+        }
         for (i, name) in self.secrets.iter().enumerate() {
             if !crate::secrets::valid_name(name) {
                 return Err(SpecError::new(
@@ -594,6 +630,7 @@ mod tests {
             auth: Auth::None,
             secrets: Vec::new(),
             async_calls: AsyncSettings::default(),
+            grpc: Vec::new(),
         }
     }
 
@@ -658,7 +695,8 @@ mod tests {
         // max_workers is 4 in spec(): more async calls at once would leave
         // synchronous ones no worker.
         assert!(with(AsyncSettings { concurrency: 5, ..a.clone() }).unwrap_err().message.contains("max_workers"));
-        assert!(with(AsyncSettings { concurrency: 4, ..a.clone() }).is_ok());
+        assert!(with(AsyncSettings { concurrency: 4, ..a.clone() }).is_err());
+        assert!(with(AsyncSettings { concurrency: 3, ..a.clone() }).is_ok());
         let bad = AsyncSettings { retry_on: vec!["not_found".into()], ..a.clone() };
         assert_eq!(with(bad).unwrap_err().field, "async");
         let twice = AsyncSettings { retry_on: vec!["timeout".into(), "timeout".into()], ..a.clone() };
@@ -668,5 +706,19 @@ mod tests {
         let s = FunctionSpec { async_calls: AsyncSettings { retries: 0, ..a }, ..spec() };
         let back: FunctionSpec = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn grpc_methods() {
+        for ok in ["helloworld.Greeter/SayHello", "Svc/M", "a.b.c.S_1/m2"] {
+            assert!(valid_grpc_method(ok), "{ok}");
+        }
+        for bad in ["", "Greeter", "/SayHello", "a.Greeter/", "a..b/M", "a/b/c", "a.1b/M", "a b/M", "Ä/M"] {
+            assert!(!valid_grpc_method(bad), "{bad}");
+        }
+        let with = |g: Vec<&str>| FunctionSpec { grpc: g.into_iter().map(String::from).collect(), ..spec() }.validate();
+        assert!(with(vec!["h.G/S"]).is_ok());
+        assert_eq!(with(vec!["h.G/S", "h.G/S"]).unwrap_err().field, "grpc");
+        assert!(with(vec!["nope"]).unwrap_err().message.contains("package.Service/Method"));
     }
 }

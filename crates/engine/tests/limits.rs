@@ -81,6 +81,7 @@ fn register(f: &Fixture, name: &str, max_queue: u32) {
         auth: Default::default(),
         secrets: Vec::new(),
         async_calls: Default::default(),
+        grpc: Vec::new(),
     };
     let mut c = connect(f, Role::Control);
     api::control::write_request(&mut c, &Request::Register { spec, secrets: Default::default() }, &archive)

@@ -34,7 +34,10 @@ pub(crate) async fn accept(sh: &GwShared, th: &ThreadState, name: &str, req: Req
     // later, so it is judged here on what is stored, not on the table.
     let bearer = inputs::bearer(req.headers()).to_vec();
     let mut verdict = sh.keys.check(name, &bearer);
-    if spec.auth == Auth::Key && verdict != Verdict::Allowed {
+    // The table is older than the store (it says open, the store keyed):
+    // read again. A call without a key of a function the table knows is
+    // keyed is refused without reading anything.
+    if spec.auth == Auth::Key && verdict == Verdict::Open {
         sh.keys.refresh();
         verdict = match sh.keys.check(name, &bearer) {
             Verdict::Open => Verdict::Missing,
@@ -99,6 +102,7 @@ pub(crate) async fn accept(sh: &GwShared, th: &ThreadState, name: &str, req: Req
         result: None,
         callback_status: None,
         replays: 0,
+        not_started: 0,
     };
     let id = rec.id.clone();
     match sh.calls.accept(rec, settings, spec.max_workers).await {
@@ -127,6 +131,7 @@ fn refused(r: Refused) -> Resp {
             r
         }
         Refused::Unavailable(m) => error_resp(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", &m, None),
+        Refused::Duplicate(m) => error_resp(StatusCode::CONFLICT, "conflict", &m, None),
     }
 }
 

@@ -10,7 +10,7 @@
 //! own port. Names are resolved at delivery and the address checked is
 //! the one connected to (a name cannot point elsewhere in between).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
@@ -204,6 +204,12 @@ pub fn public(ip: IpAddr) -> bool {
                 || (s[0] & 0xfe00) == 0xfc00
                 || (s[0] & 0xffc0) == 0xfe80
                 || (s[0] == 0x2001 && s[1] == 0xdb8)
+                // NAT64, 6to4, Teredo and the old site-local: they lead to
+                // IPv4 (or local) addresses not judged here.
+                || (s[0] == 0x64 && s[1] == 0xff9b)
+                || s[0] == 0x2002
+                || (s[0] == 0x2001 && s[1] == 0)
+                || (s[0] & 0xffc0) == 0xfec0
                 || s[..6] == [0, 0, 0, 0, 0, 0])
         }
     }
@@ -216,15 +222,47 @@ pub struct Delivery<'a> {
     pub body: &'a [u8],
 }
 
-/// Time to connect, and to send and be answered.
+/// A delivery, all told (resolving, connecting, sending, the answer's
+/// status line): a receiver that trickles holds a thread no longer.
+pub const DELIVERY_TIME: Duration = Duration::from_secs(15);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Resolves `host`, waiting at most [`RESOLVE_TIMEOUT`] (getaddrinfo has
+/// no timeout of its own: it runs on a thread left to end by itself).
+fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = host.to_string();
+    std::thread::Builder::new()
+        .name("gateway-resolve".into())
+        .spawn(move || {
+            let _ = tx.send((name.as_str(), port).to_socket_addrs().map(Iterator::collect::<Vec<_>>));
+        })
+        .map_err(|e| format!("resolving {host}: {e}"))?;
+    match rx.recv_timeout(RESOLVE_TIMEOUT) {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(e)) => Err(format!("resolving {host}: {e}")),
+        Err(_) => Err(format!("resolving {host}: no answer within {RESOLVE_TIMEOUT:?}")),
+    }
+}
 
 /// Posts `d` to `url`, to the first of its addresses the policy allows:
-/// the HTTP status it answered, or why there is none.
+/// the HTTP status it answered, or why there is none. Takes at most
+/// [`DELIVERY_TIME`].
 pub fn post(policy: &Policy, url: &CallbackUrl, d: &Delivery) -> Result<u16, String> {
-    let addrs: Vec<SocketAddr> =
-        (url.host.as_str(), url.port).to_socket_addrs().map_err(|e| format!("resolving {}: {e}", url.host))?.collect();
+    let deadline = std::time::Instant::now() + DELIVERY_TIME;
+    let left = || {
+        let l = deadline.saturating_duration_since(std::time::Instant::now());
+        if l.is_zero() {
+            Err(format!("no answer within {DELIVERY_TIME:?}"))
+        } else {
+            Ok(l)
+        }
+    };
+    let addrs = resolve(&url.host, url.port)?;
     let mut why = format!("{} has no address", url.host);
     let Some(to) = addrs.iter().copied().find(|a| match policy.refuses(*a) {
         Some(w) => {
@@ -235,9 +273,8 @@ pub fn post(policy: &Policy, url: &CallbackUrl, d: &Delivery) -> Result<u16, Str
     }) else {
         return Err(why);
     };
-    let mut s = TcpStream::connect_timeout(&to, CONNECT_TIMEOUT).map_err(|e| format!("connecting to {to}: {e}"))?;
-    s.set_read_timeout(Some(IO_TIMEOUT)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(IO_TIMEOUT)).map_err(|e| e.to_string())?;
+    let mut s = TcpStream::connect_timeout(&to, CONNECT_TIMEOUT.min(left()?))
+        .map_err(|e| format!("connecting to {to}: {e}"))?;
     let mut head = format!(
         "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: staccato-gateway\r\nConnection: close\r\nContent-Type: {}\r\n\
          Content-Length: {}\r\n",
@@ -250,14 +287,33 @@ pub fn post(policy: &Policy, url: &CallbackUrl, d: &Delivery) -> Result<u16, Str
         head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes()).and_then(|()| s.write_all(d.body)).map_err(|e| format!("sending to {to}: {e}"))?;
-    let mut line = String::new();
-    BufReader::new((&s).take(8192)).read_line(&mut line).map_err(|e| format!("reading {to}'s answer: {e}"))?;
-    let status = line
+    let mut out = head.into_bytes();
+    out.extend_from_slice(d.body);
+    // Each write and read may wait only for what is left of the time.
+    for chunk in out.chunks(64 << 10) {
+        s.set_write_timeout(Some(left()?)).map_err(|e| e.to_string())?;
+        s.write_all(chunk).map_err(|e| format!("sending to {to}: {e}"))?;
+    }
+    let mut line = Vec::new();
+    let mut buf = [0u8; 512];
+    while !line.contains(&b'\n') {
+        if line.len() > 8192 {
+            return Err(format!("{to} answered a status line longer than 8 KiB"));
+        }
+        s.set_read_timeout(Some(left()?)).map_err(|e| e.to_string())?;
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => line.extend_from_slice(&buf[..n]),
+            Err(e) => return Err(format!("reading {to}'s answer: {e}")),
+        }
+    }
+    let line = String::from_utf8_lossy(&line);
+    let first = line.lines().next().unwrap_or("");
+    let status = first
         .strip_prefix("HTTP/1.")
         .and_then(|r| r.get(2..5))
         .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| format!("{to} answered no HTTP status line: {:?}", line.trim_end()))?;
+        .ok_or_else(|| format!("{to} answered no HTTP status line: {:?}", first.trim_end()))?;
     Ok(status)
 }
 
@@ -310,6 +366,10 @@ mod tests {
             "[fe80::1]:80",
             "[::ffff:127.0.0.1]:80",
             "[::ffff:10.0.0.1]:80",
+            "[64:ff9b::a00:1]:80",
+            "[2002:a00:1::1]:80",
+            "[2001:0:a00:1::1]:80",
+            "[fec0::1]:80",
             "224.0.0.1:80",
         ] {
             assert!(p.refuses(private.parse().unwrap()).is_some(), "{private} allowed");

@@ -82,8 +82,16 @@ pub const SHARED_INPUT_MAX: usize = 1 << 20;
 pub const KEPT_OUTPUT_MAX: usize = 1 << 20;
 /// Attempt errors kept in a record: the last ones.
 const ERRORS_KEPT: usize = 8;
-/// How long a call that found no engine ready waits before it tries again.
-const NOT_STARTED_WAIT_MS: u64 = 250;
+/// How long a call that found no engine ready waits before it tries again
+/// (doubled each time it did not start, up to the max).
+const NOT_STARTED_WAIT_MS: u64 = 125;
+const NOT_STARTED_WAIT_MAX_MS: u64 = 10_000;
+/// Threads posting callbacks: each delivery takes at most
+/// `callback::DELIVERY_TIME`, so a slow receiver holds one for that long.
+const CALLBACK_THREADS: usize = 8;
+/// Callbacks waiting to be delivered, at most, and their bodies' bytes.
+const CALLBACK_JOBS_MAX: usize = 10_000;
+const CALLBACK_BYTES_MAX: usize = 256 << 20;
 /// A callback is tried this many times (1 s, 2 s, 4 s apart).
 const CALLBACK_TRIES: u32 = 4;
 
@@ -191,6 +199,10 @@ pub struct Record {
     pub callback_status: Option<CallbackStatus>,
     #[serde(default)]
     pub replays: u32,
+    /// Attempts that did not start (no engine ready, the engine's queue
+    /// full): not counted, but each waits longer.
+    #[serde(default)]
+    pub not_started: u32,
 }
 
 mod b64 {
@@ -233,6 +245,8 @@ pub enum Refused {
     Full(String),
     /// The gateway is stopping, or the store failed (503).
     Unavailable(String),
+    /// The call is queued or running already (a second replay; 409).
+    Duplicate(String),
 }
 
 /// A function's queue.
@@ -267,9 +281,9 @@ struct Committer {
     tx: std::sync::mpsc::Sender<Write>,
 }
 
+/// A record to write (`Some`) or remove (`None`); none for a flush.
 struct Write {
-    put: Option<(String, Vec<u8>)>,
-    remove: Option<String>,
+    op: Option<(String, Option<Vec<u8>>)>,
     done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
 }
 
@@ -285,16 +299,12 @@ impl Committer {
                         Err(_) => break,
                     }
                 }
-                let put: Vec<(&str, &[u8])> =
-                    batch.iter().filter_map(|w| w.put.as_ref().map(|(k, v)| (k.as_str(), v.as_slice()))).collect();
-                let remove: Vec<&str> = batch.iter().filter_map(|w| w.remove.as_deref()).collect();
-                let r = if put.is_empty() && remove.is_empty() {
-                    Ok(())
-                } else {
-                    store.write_calls(&put, &remove).map_err(|e| e.to_string())
-                };
+                // In the order they came: a record's last change wins.
+                let ops: Vec<(&str, Option<&[u8]>)> =
+                    batch.iter().filter_map(|w| w.op.as_ref().map(|(k, v)| (k.as_str(), v.as_deref()))).collect();
+                let r = if ops.is_empty() { Ok(()) } else { store.write_calls(&ops).map_err(|e| e.to_string()) };
                 if let Err(e) = &r {
-                    log::error!("writing {} async call records to the store: {e}", put.len() + remove.len());
+                    log::error!("writing {} async call records to the store: {e}", ops.len());
                 }
                 for w in batch {
                     if let Some(d) = w.done {
@@ -310,11 +320,12 @@ impl Committer {
     /// Queues a write; the receiver says when it is durable.
     fn write(&self, put: Option<&Record>, remove: Option<&str>) -> tokio::sync::oneshot::Receiver<Result<(), String>> {
         let (done, rx) = tokio::sync::oneshot::channel();
-        let w = Write {
-            put: put.map(|r| (r.id.clone(), r.encode())),
-            remove: remove.map(str::to_string),
-            done: Some(done),
+        let op = match (put, remove) {
+            (Some(r), _) => Some((r.id.clone(), Some(r.encode()))),
+            (None, Some(id)) => Some((id.to_string(), None)),
+            (None, None) => None,
         };
+        let w = Write { op, done: Some(done) };
         if self.tx.send(w).is_err() {
             log::error!("the async call log is gone");
         }
@@ -407,7 +418,7 @@ impl Calls {
             next_job: std::sync::atomic::AtomicU64::new(0),
         });
         calls.recover();
-        for i in 0..2 {
+        for i in 0..CALLBACK_THREADS {
             let c = calls.clone();
             std::thread::Builder::new().name(format!("gateway-callback-{i}")).spawn(move || c.callback_worker())?;
         }
@@ -431,6 +442,7 @@ impl Calls {
         };
         let shared = self.store.shared();
         let (mut resumed, mut interrupted) = (0, 0);
+        let mut caps: HashMap<String, u32> = HashMap::new();
         let now = unix_ms();
         for (id, bytes) in rows {
             let mut rec: Record = match serde_json::from_slice(&bytes) {
@@ -469,11 +481,29 @@ impl Calls {
                 rec.state = State::Queued;
             }
             resumed += 1;
+            // The function's share as deployed now (1 if it is gone: its
+            // calls end not_found).
+            let cap = match caps.get(&rec.function) {
+                Some(c) => *c,
+                None => {
+                    let c = match self.store.get(&rec.function) {
+                        Ok(Some(s)) => s.async_calls.concurrency_for(s.max_workers),
+                        _ => 1,
+                    };
+                    caps.insert(rec.function.clone(), c);
+                    c
+                }
+            };
             let mut g = lock(&self.inner);
+            let g = &mut *g;
             let f = g.fns.entry(rec.function.clone()).or_default();
             f.unfinished += 1;
-            f.cap = f.cap.max(1);
-            f.ready.push_back(id.clone());
+            f.cap = cap;
+            if rec.due_ms > now {
+                g.delayed.push(Reverse((rec.due_ms, id.clone())));
+            } else {
+                f.ready.push_back(id.clone());
+            }
             g.bytes += rec.input.len();
             g.calls.insert(id, rec);
         }
@@ -490,6 +520,9 @@ impl Calls {
             let mut g = lock(&self.inner);
             if g.stopping {
                 return Err(Refused::Unavailable("the gateway is stopping; send the call again shortly".into()));
+            }
+            if g.calls.contains_key(&rec.id) {
+                return Err(Refused::Duplicate(format!("call {} is already queued or running", rec.id)));
             }
             let f = g.fns.get(&rec.function).map_or(0, |f| f.unfinished);
             if f >= settings.queue {
@@ -523,12 +556,17 @@ impl Calls {
         };
         let mut g = lock(&self.inner);
         if let Err(e) = durable {
-            g.calls.remove(&rec.id);
-            g.bytes -= len;
-            if let Some(f) = g.fns.get_mut(&rec.function) {
-                f.unfinished -= 1;
+            // Unless it was cancelled meanwhile (which gave its place back).
+            if g.calls.remove(&rec.id).is_some() {
+                g.bytes -= len.min(g.bytes);
+                if let Some(f) = g.fns.get_mut(&rec.function) {
+                    f.unfinished = f.unfinished.saturating_sub(1);
+                }
             }
             return Err(Refused::Unavailable(format!("the call could not be stored: {e}")));
+        }
+        if !g.calls.contains_key(&rec.id) {
+            return Ok(()); // cancelled while it was being stored
         }
         g.fns.entry(rec.function.clone()).or_default().ready.push_back(rec.id);
         drop(g);
@@ -569,7 +607,9 @@ impl Calls {
                     continue;
                 }
                 let Some(id) = f.ready.pop_front() else { continue };
-                let Some(rec) = g.calls.get_mut(&id) else { continue };
+                // Only a queued call starts (an id can be in a queue twice
+                // only by mistake; it must not run twice for it).
+                let Some(rec) = g.calls.get_mut(&id).filter(|r| r.state == State::Queued) else { continue };
                 rec.state = State::Running;
                 rec.attempts += 1;
                 rec.started_ms = Some(now);
@@ -587,13 +627,22 @@ impl Calls {
 
     /// Records how an attempt ended: the call succeeded, is tried again
     /// later, or is a dead letter.
-    async fn finish(&self, id: &str, result: AttemptResult) {
+    async fn finish(&self, id: &str, function: &str, result: AttemptResult) {
         let now = unix_ms();
         let (rec, written, output) = {
             let mut g = lock(&self.inner);
             let g = &mut *g;
-            let Some(rec) = g.calls.get_mut(id) else {
+            let Some(rec) = g.calls.get_mut(id).filter(|r| r.state == State::Running) else {
+                // Not expected (a start is the only way to Running): the
+                // slot is given back all the same.
                 log::error!("async call {id} ended but is not among those running");
+                if let Some(f) = g.fns.get_mut(function) {
+                    f.running = f.running.saturating_sub(1);
+                }
+                g.running = g.running.saturating_sub(1);
+                if g.running == 0 {
+                    self.idle.notify_all();
+                }
                 return;
             };
             let function = rec.function.clone();
@@ -628,7 +677,9 @@ impl Calls {
                     }
                     rec.attempts -= 1;
                     rec.state = State::Queued;
-                    rec.due_ms = now + NOT_STARTED_WAIT_MS;
+                    rec.not_started += 1;
+                    let wait = NOT_STARTED_WAIT_MS << rec.not_started.min(6);
+                    rec.due_ms = now + jitter(wait.min(NOT_STARTED_WAIT_MAX_MS));
                     g.delayed.push(Reverse((rec.due_ms, id.to_string())));
                 }
                 Err((kind, msg, t, false)) => {
@@ -697,12 +748,17 @@ impl Calls {
     /// links to the engines. Never returns.
     pub async fn dispatch(self: Arc<Self>, sh: Arc<GwShared>, th: Rc<ThreadState>) {
         loop {
+            // No engine to send to: nothing is started (nor written).
+            if !th.any_ready(&sh) {
+                tokio::time::sleep(Duration::from_millis(NOT_STARTED_WAIT_MS)).await;
+                continue;
+            }
             let (starts, next) = self.take_ready();
             for rec in starts {
                 let (me, sh, th) = (self.clone(), sh.clone(), th.clone());
                 tokio::task::spawn_local(async move {
                     let result = attempt(&sh, &th, &rec).await;
-                    me.finish(&rec.id, result).await;
+                    me.finish(&rec.id, &rec.function, result).await;
                 });
             }
             let wait = next.map_or(Duration::from_secs(1), |due| {
@@ -737,6 +793,12 @@ impl Calls {
             g = self.idle.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
         }
         drop(g);
+        self.log.flush();
+    }
+
+    /// Writes what is queued to the store (a restart test's "stop").
+    #[cfg(test)]
+    fn stop_for_test(&self) {
         self.log.flush();
     }
 
@@ -813,10 +875,10 @@ impl Calls {
                     g.bytes -= r.input_bytes.min(g.bytes);
                 }
                 if let Some(f) = g.fns.get_mut(&function) {
-                    f.unfinished -= 1;
+                    f.unfinished = f.unfinished.saturating_sub(1);
                     f.ready.retain(|x| x != id);
                 }
-            } else if self.get(id).map_err(|e| ReplayError::Store(e.to_string()))?.is_none() {
+            } else if self.store.call(id).map_err(|e| ReplayError::Store(e.to_string()))?.is_none() {
                 return Ok(false);
             }
         }
@@ -885,19 +947,38 @@ impl Calls {
                 old.push(id);
             }
         }
-        for chunk in old.chunks(512) {
-            let ids: Vec<&str> = chunk.iter().map(String::as_str).collect();
-            match self.store.write_calls(&[], &ids) {
-                Ok(()) => log::info!("async calls: removed {} finished past their retention", ids.len()),
-                Err(e) => log::warn!("async calls: removing old results: {e}"),
+        // Through the log, in order with the other changes of each record.
+        let n = old.len();
+        let written: Vec<_> = old.iter().map(|id| self.log.write(None, Some(id))).collect();
+        if let Some(last) = written.into_iter().last() {
+            match last.blocking_recv() {
+                Ok(Ok(())) => log::info!("async calls: removed {n} finished past their retention"),
+                Ok(Err(e)) => log::warn!("async calls: removing old results: {e}"),
+                Err(_) => {}
             }
         }
     }
 
-    fn queue_callback(&self, rec: Record, output: Bytes, tries: u32) {
+    fn queue_callback(&self, mut rec: Record, output: Bytes, tries: u32) {
         let n = self.next_job.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let due = if tries == 0 { 0 } else { unix_ms() + 1000 * (1 << (tries - 1).min(5)) };
-        lock(&self.jobs).insert(n, Job { rec, output, tries });
+        {
+            let mut jobs = lock(&self.jobs);
+            let bytes: usize = jobs.values().map(|j| j.output.len()).sum();
+            if jobs.len() >= CALLBACK_JOBS_MAX || bytes + output.len() > CALLBACK_BYTES_MAX {
+                drop(jobs);
+                log::warn!("async call {}: {CALLBACK_JOBS_MAX} callbacks wait already; this one is dropped", rec.id);
+                rec.callback_status = Some(CallbackStatus {
+                    state: "failed".into(),
+                    attempts: tries,
+                    status: None,
+                    error: Some("the gateway's callback queue was full".into()),
+                });
+                drop(self.log.write(Some(&rec), None));
+                return;
+            }
+            jobs.insert(n, Job { rec, output, tries });
+        }
         let (heap, cv) = &*self.callbacks;
         lock(heap).push(Reverse((due, n)));
         cv.notify_one();
@@ -1052,6 +1133,13 @@ async fn attempt(sh: &GwShared, th: &ThreadState, rec: &Record) -> AttemptResult
             t,
             false,
         )),
+        // The engine's queue for it was full, or the call waited there
+        // until its deadline and never ran (the engine dispatches ordinary
+        // calls first): not an attempt, only a wait.
+        Some((Reply::Err(ErrorKind::Overloaded, m, t), _)) => Err((ErrorKind::Overloaded, m, t, true)),
+        Some((Reply::Err(ErrorKind::Timeout, m, t), _)) if t.exec_us == 0 && t.queue_us > 0 => {
+            Err((ErrorKind::Timeout, format!("{m} (it waited in the engine's queue and never ran)"), t, true))
+        }
         Some((Reply::Err(k, m, t), _)) => Err((k, m, t, false)),
         Some((Reply::Unsent, _)) => Err((
             ErrorKind::EngineUnavailable,
@@ -1076,4 +1164,92 @@ fn gateway_id(state_dir: &std::path::Path) -> std::io::Result<String> {
     std::fs::write(&tmp, &id)?;
     std::fs::rename(&tmp, &path)?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, function: &str) -> Record {
+        Record {
+            id: id.into(),
+            function: function.into(),
+            input: Bytes::from_static(b"in"),
+            input_bytes: 2,
+            callback: None,
+            state: State::Queued,
+            attempts: 0,
+            max_attempts: 2,
+            backoff_ms: 10,
+            retry_on: vec!["worker_crashed".into()],
+            key_checked: false,
+            accepted_ms: unix_ms(),
+            due_ms: 0,
+            started_ms: None,
+            finished_ms: None,
+            owner: String::new(),
+            errors: Vec::new(),
+            result: None,
+            callback_status: None,
+            replays: 0,
+            not_started: 0,
+        }
+    }
+
+    /// A queue on `store` (a second one on the same store stands for the
+    /// gateway restarted: the first's threads hold the database open).
+    fn open(store: &Arc<Store>, dir: &std::path::Path) -> Arc<Calls> {
+        Calls::open(store.clone(), AsyncConfig::default(), dir, "127.0.0.1:1".parse().unwrap()).unwrap()
+    }
+
+    fn block<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    }
+
+    #[test]
+    fn a_call_is_stored_once_runs_once_and_is_resumed_after_a_restart() {
+        let dir = std::env::temp_dir().join(format!("staccato-calls-{}", new_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let settings = AsyncSettings::default();
+        let a = "a".repeat(32);
+        let store = Arc::new(Store::open(&dir.join("functions.redb")).unwrap());
+        {
+            let c = open(&store, &dir);
+            block(c.accept(record(&a, "f"), &settings, 4)).unwrap();
+            // The same id again (two replays at once): refused.
+            assert!(matches!(block(c.accept(record(&a, "f"), &settings, 4)), Err(Refused::Duplicate(_))));
+            let (starts, _) = c.take_ready();
+            assert_eq!(starts.len(), 1);
+            assert_eq!(starts[0].attempts, 1);
+            // Queued twice by mistake, it still starts once.
+            lock(&c.inner).fns.get_mut("f").unwrap().ready.push_back(a.clone());
+            assert!(c.take_ready().0.is_empty());
+            c.stop_for_test();
+        }
+        // Restarted while it ran: resumed, its attempt counted.
+        let c = open(&store, &dir);
+        let rec = c.get(&a).unwrap().unwrap();
+        assert_eq!((rec.state, rec.attempts), (State::Queued, 1));
+        assert_eq!(rec.errors[0].error, "interrupted");
+        let (starts, _) = c.take_ready();
+        assert_eq!(starts.len(), 1);
+        block(c.finish(&a, "f", Ok((Bytes::from_static(b"out"), wire::frame::Timing::default(), None))));
+        let g = lock(&c.inner);
+        assert_eq!((g.running, g.bytes, g.calls.len()), (0, 0, 0));
+        assert_eq!(g.fns["f"].unfinished, 0);
+        drop(g);
+        c.log.flush();
+        let done = c.get(&a).unwrap().unwrap();
+        assert_eq!(done.state, State::Ok);
+        assert_eq!(done.result.unwrap().output.as_deref(), Some(&b"out"[..]));
+        // A finished call is removed (this once deadlocked), then gone.
+        assert!(block(c.remove(&a)).unwrap());
+        assert!(c.get(&a).unwrap().is_none());
+        assert!(!block(c.remove(&a)).unwrap());
+        // An end for a call not running gives its slot back all the same.
+        lock(&c.inner).running = 1;
+        block(c.finish("b", "f", Err((ErrorKind::Timeout, String::new(), wire::frame::Timing::default(), false))));
+        assert_eq!(lock(&c.inner).running, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -364,20 +364,18 @@ impl Meta for Etcd {
         Ok(Some(newest.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ count))
     }
 
-    fn write_calls(&self, put: &[(&str, &[u8])], remove: &[&str]) -> Result<(), StoreError> {
-        // etcd refuses a transaction naming a key twice, or with more than
-        // 128 operations (its default --max-txn-ops).
+    fn write_calls(&self, changes: &[(&str, Option<&[u8]>)]) -> Result<(), StoreError> {
+        // etcd refuses a transaction naming a key twice (each key's last
+        // change is the one that counts), or with more than 128 operations
+        // (its default --max-txn-ops).
         let mut ops: Vec<(String, Value)> = Vec::new();
-        for (id, rec) in put {
+        for (id, rec) in changes {
             let k = self.call_key(id);
             ops.retain(|(x, _)| *x != k);
-            let op = put_op(&k, rec);
-            ops.push((k, op));
-        }
-        for id in remove {
-            let k = self.call_key(id);
-            ops.retain(|(x, _)| *x != k);
-            let op = delete_op(&k);
+            let op = match rec {
+                Some(rec) => put_op(&k, rec),
+                None => delete_op(&k),
+            };
             ops.push((k, op));
         }
         let mut size = 0;
@@ -397,8 +395,32 @@ impl Meta for Etcd {
         Ok(())
     }
 
+    /// Read in pages: one answer is at most 16 MiB here (and etcd's own
+    /// limit is near that), and the calls kept may be more.
     fn calls(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        self.range(&self.call_key(""))
+        let prefix = self.call_key("");
+        let end = prefix_end(&prefix);
+        let mut from = prefix.clone().into_bytes();
+        let mut out = Vec::new();
+        loop {
+            let v = self.call("/v3/kv/range", &json!({ "key": b64(&from), "range_end": b64(&end), "limit": 64 }))?;
+            let kvs = v["kvs"].as_array().cloned().unwrap_or_default();
+            let mut last = None;
+            for kv in &kvs {
+                let key = B64.decode(kv["key"].as_str().unwrap_or("")).map_err(|e| StoreError::Db(e.to_string()))?;
+                let value =
+                    B64.decode(kv["value"].as_str().unwrap_or("")).map_err(|e| StoreError::Db(e.to_string()))?;
+                out.push((String::from_utf8_lossy(&key[prefix.len().min(key.len())..]).into_owned(), value));
+                last = Some(key);
+            }
+            match (v["more"].as_bool().unwrap_or(false), last) {
+                (true, Some(mut key)) => {
+                    key.push(0); // the next key after it
+                    from = key;
+                }
+                _ => return Ok(out),
+            }
+        }
     }
 
     fn call(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {

@@ -159,57 +159,12 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
             }
             Ok(body) => {
                 let (input, timeout_ms) = (body.to_bytes(), timeout_ms.unwrap_or(0));
-                // Counted in its engine's calls in flight until answered, or
-                // until the client goes away (the future is dropped).
-                let input = &input;
-                let send = |checked: bool| {
-                    th.send_call(sh, name, (None, timeout_ms), move |l, left_ms| async move {
-                        l.link.call(call_id, left_ms, name, input, checked).await
-                    })
-                };
-                let mut sent = send(verdict == Verdict::Allowed).await;
-                // Sent unchecked and refused: the engine knows the function
-                // needs a key and this gateway did not yet. Judged again on
-                // what the store says now (the engine never lets it through).
-                if verdict == Verdict::Open
-                    && matches!(&sent, Some((Reply::Err(ErrorKind::EngineUnavailable, m, _), _)) if m.contains("invoke key"))
-                {
-                    sh.keys.refresh();
-                    match sh.keys.check(name, &bearer) {
-                        Verdict::Allowed => sent = send(true).await,
-                        Verdict::Open => {}
-                        v => return refused_key(sh, th, name, &v, start),
+                match send(sh, th, name, (call_id, timeout_ms), &input, (&bearer, &verdict)).await {
+                    Sent::Refused(v) => return refused_key(sh, th, name, &v, start),
+                    Sent::Answered(outcome, engine) => {
+                        served_by = engine;
+                        outcome
                     }
-                }
-                let reply = match sent {
-                    None => Reply::Err(
-                        ErrorKind::EngineUnavailable,
-                        "no engine is ready: none has joined this gateway, or none is reachable".into(),
-                        Timing::default(),
-                    ),
-                    Some((reply, engine)) => {
-                        served_by = Some(engine);
-                        reply
-                    }
-                };
-                match reply {
-                    Reply::Ok(out, t) => Ok((out, t)),
-                    // Deployed, but the engine does not have it: the engine
-                    // restarted and the function is not restored yet (or its
-                    // restore failed). That is the runtime's fault, not a 404.
-                    Reply::Err(ErrorKind::NotFound, _, t) if sh.store.get(name).is_ok_and(|s| s.is_some()) => {
-                        let msg = format!(
-                            "function {name} is deployed but not running on the engine yet (it is being restored \
-                             after an engine restart, or its restore failed: see the gateway log); retry shortly"
-                        );
-                        Err((ErrorKind::EngineUnavailable, msg, t))
-                    }
-                    Reply::Err(k, m, t) => Err((k, m, t)),
-                    Reply::Unsent => Err((
-                        ErrorKind::EngineUnavailable,
-                        "the links to the engines running it failed before the call was sent; retry shortly".into(),
-                        Timing::default(),
-                    )),
                 }
             }
         }
@@ -242,6 +197,80 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
             r
         }
     }
+}
+
+/// What [`send`] did.
+pub(crate) enum Sent {
+    /// The function needs an invoke key the call does not have (found out
+    /// from the engine, the gateway's table being older than the store).
+    Refused(Verdict),
+    /// The call's outcome, and the engine that gave it.
+    Answered(Result<(Bytes, Timing), (ErrorKind, String, Timing)>, Option<Arc<Engine>>),
+}
+
+/// Sends an external call to an engine that runs `name` (a second one if
+/// the first cannot have started it), as `call_id` with `timeout_ms` (0:
+/// the function's own); `verdict` is the gateway's judgement of `bearer`.
+/// Counted in its engine's calls in flight until answered, or until the
+/// client goes away (the future is dropped).
+pub(crate) async fn send(
+    sh: &GwShared,
+    th: &ThreadState,
+    name: &str,
+    (call_id, timeout_ms): (u64, u32),
+    input: &Bytes,
+    (bearer, verdict): (&[u8], &Verdict),
+) -> Sent {
+    let send = |checked: bool| {
+        th.send_call(sh, name, (None, timeout_ms), move |l, left_ms| async move {
+            l.link.call(call_id, left_ms, name, input, checked).await
+        })
+    };
+    let mut sent = send(*verdict == Verdict::Allowed).await;
+    // Sent unchecked and refused: the engine knows the function needs a
+    // key and this gateway did not yet. Judged again on what the store
+    // says now (the engine never lets it through).
+    if *verdict == Verdict::Open
+        && matches!(&sent, Some((Reply::Err(ErrorKind::EngineUnavailable, m, _), _)) if m.contains("invoke key"))
+    {
+        sh.keys.refresh();
+        match sh.keys.check(name, bearer) {
+            Verdict::Allowed => sent = send(true).await,
+            Verdict::Open => {}
+            v => return Sent::Refused(v),
+        }
+    }
+    let (reply, engine) = match sent {
+        None => (
+            Reply::Err(
+                ErrorKind::EngineUnavailable,
+                "no engine is ready: none has joined this gateway, or none is reachable".into(),
+                Timing::default(),
+            ),
+            None,
+        ),
+        Some((reply, engine)) => (reply, Some(engine)),
+    };
+    let outcome = match reply {
+        Reply::Ok(out, t) => Ok((out, t)),
+        // Deployed, but the engine does not have it: the engine restarted
+        // and the function is not restored yet (or its restore failed).
+        // That is the runtime's fault, not a 404.
+        Reply::Err(ErrorKind::NotFound, _, t) if sh.store.get(name).is_ok_and(|s| s.is_some()) => {
+            let msg = format!(
+                "function {name} is deployed but not running on the engine yet (it is being restored after an \
+                 engine restart, or its restore failed: see the gateway log); retry shortly"
+            );
+            Err((ErrorKind::EngineUnavailable, msg, t))
+        }
+        Reply::Err(k, m, t) => Err((k, m, t)),
+        Reply::Unsent => Err((
+            ErrorKind::EngineUnavailable,
+            "the links to the engines running it failed before the call was sent; retry shortly".into(),
+            Timing::default(),
+        )),
+    };
+    Sent::Answered(outcome, engine)
 }
 
 fn engine_header(r: &mut Resp, engine: Option<&Engine>) {

@@ -234,6 +234,7 @@ mod tests {
             auth: Default::default(),
             secrets: Vec::new(),
             async_calls: Default::default(),
+            grpc: Vec::new(),
         }
     }
 

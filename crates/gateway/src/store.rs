@@ -116,10 +116,10 @@ pub trait Meta: Send + Sync {
     /// Every secret, by name.
     fn secrets(&self) -> Result<Vec<(String, SecretRecord)>, StoreError>;
     fn remove_secret(&self, name: &str) -> Result<bool, StoreError>;
-    /// Writes asynchronous call records and removes others, in one
-    /// transaction (or, where a transaction is bounded, in order: each
-    /// record is written whole or not at all).
-    fn write_calls(&self, put: &[(&str, &[u8])], remove: &[&str]) -> Result<(), StoreError>;
+    /// Writes asynchronous call records (`Some`) and removes them (`None`),
+    /// in this order, in one transaction (or, where a transaction is
+    /// bounded, in order: each record is written whole or not at all).
+    fn write_calls(&self, ops: &[(&str, Option<&[u8]>)]) -> Result<(), StoreError>;
     /// Every asynchronous call record.
     fn calls(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
     fn call(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
@@ -184,8 +184,8 @@ impl Store {
         self.meta.remove_secret(name)
     }
 
-    pub fn write_calls(&self, put: &[(&str, &[u8])], remove: &[&str]) -> Result<(), StoreError> {
-        self.meta.write_calls(put, remove)
+    pub fn write_calls(&self, ops: &[(&str, Option<&[u8]>)]) -> Result<(), StoreError> {
+        self.meta.write_calls(ops)
     }
 
     pub fn calls(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
@@ -552,15 +552,15 @@ impl Meta for Local {
         Ok(existed)
     }
 
-    fn write_calls(&self, put: &[(&str, &[u8])], remove: &[&str]) -> Result<(), StoreError> {
+    fn write_calls(&self, ops: &[(&str, Option<&[u8]>)]) -> Result<(), StoreError> {
         let tx = self.db.begin_write().map_err(db)?;
         {
             let mut t = tx.open_table(CALLS).map_err(db)?;
-            for (id, rec) in put {
-                t.insert(*id, *rec).map_err(db)?;
-            }
-            for id in remove {
-                t.remove(*id).map_err(db)?;
+            for (id, rec) in ops {
+                match rec {
+                    Some(rec) => drop(t.insert(*id, *rec).map_err(db)?),
+                    None => drop(t.remove(*id).map_err(db)?),
+                }
             }
         }
         tx.commit().map_err(db)
@@ -668,6 +668,7 @@ pub(crate) mod tests {
             auth: Default::default(),
             secrets: Vec::new(),
             async_calls: Default::default(),
+            grpc: Vec::new(),
         }
     }
 

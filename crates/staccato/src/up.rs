@@ -234,6 +234,11 @@ pub struct GatewayArgs {
     /// a duration like 30m or 24h (dead letters are kept 7 days).
     #[arg(long, default_value = "24h", value_parser = secs_flag)]
     pub async_retention: Duration,
+    /// How long a stop (SIGTERM) waits for the asynchronous calls running
+    /// to end before it stops anyway (those then run again at the next
+    /// start): a duration like 30s.
+    #[arg(long, default_value = "30s", value_parser = secs_flag)]
+    pub async_drain: Duration,
     /// A network callbacks (X-Callback-Url) may go to besides public
     /// addresses, like 10.0.0.0/8 or 127.0.0.1/32; repeat for more.
     #[arg(long, value_name = "CIDR")]
@@ -766,6 +771,7 @@ fn start_gateway(
             concurrency: g.async_concurrency.max(1),
             queued_max: g.async_queue_max.max(1),
             retention: g.async_retention,
+            drain: g.async_drain,
             callback_allow: g.callback_allow.clone(),
             ..gateway::AsyncConfig::default()
         },
