@@ -44,6 +44,8 @@ command -v node >/dev/null 2>&1 || { echo "error: Node.js >= 18 is required for 
 python3 -m pytest --version >/dev/null 2>&1 || { echo "==> pip install pytest"; python3 -m pip install -q pytest; }
 python3 -c 'import kubernetes_validate, yaml' >/dev/null 2>&1 || { echo "==> pip install kubernetes-validate (offline checks of deploy/kubernetes)"; python3 -m pip install -q kubernetes-validate pyyaml; }
 # The workload analyzer (staccato bench analyze/compare) plots with matplotlib.
+# gRPC ingress tests: a real gRPC client (grpcio) and raw HTTP/2 frames (h2).
+python3 -c 'import grpc, h2' >/dev/null 2>&1 || { echo "==> pip install grpcio h2"; python3 -m pip install -q grpcio h2; }
 python3 -c 'import numpy, matplotlib' >/dev/null 2>&1 || { echo "==> pip install numpy matplotlib"; python3 -m pip install -q numpy matplotlib; }
 # uvloop makes the Python runtime's event loop ~5-20 us faster per internal
 # call (BENCHMARKS.md); the runtime falls back to asyncio without it.

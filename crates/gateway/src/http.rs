@@ -595,6 +595,25 @@ async fn deploy(sh: &Arc<GwShared>, body: &[u8]) -> Resp {
     if let Err(e) = sh.store.revision() {
         return store_error(&e);
     }
+    // A gRPC method is served by one function: the manifest's functions
+    // replace their stored versions, and take no method another serves.
+    let stored = match sh.store.list() {
+        Ok(s) => s,
+        Err(e) => return store_error(&e),
+    };
+    let mut claimed: std::collections::HashMap<&str, &str> = stored
+        .iter()
+        .filter(|s| !specs.iter().any(|n| n.name == s.name))
+        .flat_map(|s| s.grpc.iter().map(|m| (m.as_str(), s.name.as_str())))
+        .collect();
+    for spec in &specs {
+        for m in &spec.grpc {
+            if let Some(other) = claimed.insert(m, &spec.name) {
+                let msg = format!("gRPC method {m} is served by function {other} already");
+                return error_resp(StatusCode::CONFLICT, "conflict", &format!("function {}: {msg}", spec.name), None);
+            }
+        }
+    }
     // The values of the secrets each function names: a missing one refuses
     // the whole manifest.
     let mut values = Vec::with_capacity(specs.len());

@@ -1,7 +1,8 @@
 //! Which functions need an invoke key (`auth: key`), and their keys'
 //! digests: consulted on every external call, so held in memory and read
 //! again from the store whenever it changes (here, or, with a shared
-//! store, through another gateway: `watch_store`).
+//! store, through another gateway: `watch_store`). The same reading of
+//! the functions gives the gRPC methods each serves (`grpc:`; [`crate::grpc`]).
 
 use crate::store::{Store, StoreError};
 use api::keys::KeyRecord;
@@ -26,12 +27,14 @@ pub enum Verdict {
 pub struct Keys {
     /// Functions with `auth: key`, and their keys (maybe none yet).
     table: RwLock<HashMap<String, Arc<Vec<KeyRecord>>>>,
+    /// gRPC methods (`package.Service/Method`) and the function serving each.
+    methods: RwLock<HashMap<String, String>>,
     store: Arc<Store>,
 }
 
 impl Keys {
     pub fn load(store: Arc<Store>) -> Result<Keys, StoreError> {
-        let keys = Keys { table: RwLock::new(HashMap::new()), store };
+        let keys = Keys { table: RwLock::new(HashMap::new()), methods: RwLock::new(HashMap::new()), store };
         keys.reload()?;
         Ok(keys)
     }
@@ -39,9 +42,10 @@ impl Keys {
     /// Reads every function's auth and keys from the store again.
     pub fn reload(&self) -> Result<(), StoreError> {
         let mut records = self.store.keys()?;
-        let table: HashMap<String, Arc<Vec<KeyRecord>>> = self
-            .store
-            .list()?
+        let specs = self.store.list()?;
+        let methods = specs.iter().flat_map(|s| s.grpc.iter().map(|m| (m.clone(), s.name.clone()))).collect();
+        *self.methods.write().unwrap_or_else(|p| p.into_inner()) = methods;
+        let table: HashMap<String, Arc<Vec<KeyRecord>>> = specs
             .into_iter()
             .filter(|s| s.auth == Auth::Key)
             .map(|s| {
@@ -72,6 +76,11 @@ impl Keys {
         let keys = self.store.keys_of(name)?;
         self.table.write().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), Arc::new(keys));
         Ok(())
+    }
+
+    /// The function serving gRPC method `method` (`package.Service/Method`).
+    pub fn grpc_function(&self, method: &str) -> Option<String> {
+        self.methods.read().unwrap_or_else(|p| p.into_inner()).get(method).cloned()
     }
 
     /// Judges a call of `name` that presented `bearer` (empty: none).

@@ -23,6 +23,7 @@ mod control;
 mod engine_link;
 mod etcd;
 mod forward;
+mod grpc;
 pub mod http;
 pub mod inputs;
 mod keys;
@@ -75,6 +76,8 @@ pub struct GatewayConfig {
     pub secrets_key_file: Option<PathBuf>,
     /// Asynchronous calls: bounds, retention, callbacks.
     pub async_calls: calls::AsyncConfig,
+    /// Where gRPC calls are taken (h2c), if anywhere ([`grpc`]).
+    pub grpc_listen: Option<SocketAddr>,
     /// The listeners are bound here but accepted on by another front door
     /// (the engine's, in `staccato up`): see [`Gateway::take_listeners`].
     /// It hands the connections it does not serve to [`Gateway::adopt`].
@@ -91,6 +94,8 @@ pub enum GatewayError {
     NoToken(SocketAddr),
     #[error("listening on {0}: {1}")]
     Listen(SocketAddr, std::io::Error),
+    #[error("listening for gRPC on {0}: {1}")]
+    ListenGrpc(SocketAddr, std::io::Error),
     #[error(transparent)]
     Store(#[from] store::StoreError),
     #[error(transparent)]
@@ -519,6 +524,18 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     for _ in 1..threads {
         listeners.push(bind(addr).map_err(|e| GatewayError::Listen(addr, e))?);
     }
+    // gRPC: a listener per thread too, on the port the first one took.
+    let mut grpc_listeners = Vec::new();
+    if let Some(g) = sh.cfg.grpc_listen {
+        let first = bind(g).map_err(|e| GatewayError::ListenGrpc(g, e))?;
+        let at = first.local_addr()?;
+        grpc_listeners.push(first);
+        for _ in 1..threads {
+            grpc_listeners.push(bind(at).map_err(|e| GatewayError::ListenGrpc(at, e))?);
+        }
+        log::info!("gRPC calls on {at} (h2c)");
+    }
+    let mut grpc_listeners = grpc_listeners.into_iter();
     let elsewhere = sh.cfg.front_door_elsewhere;
     let mut kept = Vec::new();
     let mut adopt = Vec::new();
@@ -539,7 +556,8 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         };
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         adopt.push(tx);
-        std::thread::Builder::new().name(format!("gateway-{i}")).spawn(move || serve_thread(sh, i, l, rx, cpu))?;
+        let g = grpc_listeners.next();
+        std::thread::Builder::new().name(format!("gateway-{i}")).spawn(move || serve_thread(sh, i, (l, g), rx, cpu))?;
     }
     let sh2 = sh.clone();
     std::thread::Builder::new().name("gateway-async".into()).spawn(move || async_thread(sh2, threads))?;
@@ -652,7 +670,7 @@ fn bind(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 fn serve_thread(
     sh: Arc<GwShared>,
     idx: usize,
-    listener: Option<std::net::TcpListener>,
+    (listener, grpc_listener): (Option<std::net::TcpListener>, Option<std::net::TcpListener>),
     mut adopted: tokio::sync::mpsc::UnboundedReceiver<Adopted>,
     cpu: Option<usize>,
 ) {
@@ -676,6 +694,14 @@ fn serve_thread(
             }
         };
         let th = thread_state(&sh, idx);
+        if let Some(g) = grpc_listener {
+            match tokio::net::TcpListener::from_std(g) {
+                Ok(g) => {
+                    tokio::task::spawn_local(serve_grpc(sh.clone(), th.clone(), g));
+                }
+                Err(e) => log::error!("gateway thread {idx}: gRPC listener: {e}"),
+            }
+        }
         let started = std::time::Instant::now();
         loop {
             let accepted = async {
@@ -723,6 +749,42 @@ fn serve_thread(
             });
         }
     });
+}
+
+/// Accepts gRPC connections (HTTP/2 without TLS) and serves each on a task
+/// of this thread. They count among the open connections; beyond the
+/// limit one is closed at once (gRPC carries calls only, not management).
+async fn serve_grpc(sh: Arc<GwShared>, th: Rc<ThreadState>, listener: tokio::net::TcpListener) {
+    let started = std::time::Instant::now();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                log::warn!("gateway thread {}: gRPC accept: {e}", th.index());
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let Some(slot) = Slot::take(&sh, started) else { continue };
+        if slot.reserve {
+            continue;
+        }
+        let (sh, th) = (sh.clone(), th.clone());
+        tokio::task::spawn_local(async move {
+            let svc = service_fn(move |req| {
+                let (sh, th) = (sh.clone(), th.clone());
+                async move { Ok::<_, Infallible>(grpc::handle(sh, th, req).await) }
+            });
+            let mut b = hyper::server::conn::http2::Builder::new(grpc::LocalExec);
+            b.timer(hyper_util::rt::TokioTimer::new())
+                .max_concurrent_streams(256)
+                .max_header_list_size(16 << 10)
+                .keep_alive_interval(Some(std::time::Duration::from_secs(30)));
+            let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+            drop(slot);
+        });
+    }
 }
 
 /// A client connection with bytes already read from it (by another front

@@ -234,6 +234,11 @@ pub struct GatewayArgs {
     /// a duration like 30m or 24h (dead letters are kept 7 days).
     #[arg(long, default_value = "24h", value_parser = secs_flag)]
     pub async_retention: Duration,
+    /// Take gRPC calls (HTTP/2 without TLS) on this address too: methods map
+    /// to functions by `grpc:` in their manifests (calls only: management
+    /// stays on --listen).
+    #[arg(long, value_name = "ADDRESS:PORT")]
+    pub grpc_listen: Option<SocketAddr>,
     /// How long a stop (SIGTERM) waits for the asynchronous calls running
     /// to end before it stops anyway (those then run again at the next
     /// start): a duration like 30s.
@@ -775,6 +780,7 @@ fn start_gateway(
             callback_allow: g.callback_allow.clone(),
             ..gateway::AsyncConfig::default()
         },
+        grpc_listen: g.grpc_listen,
         front_door_elsewhere,
     };
     gateway::start(cfg).context("starting the gateway")
