@@ -227,6 +227,29 @@ def own_server(workdir, **kw):
         srv.cleanup()
 
 
+def send_too_large(port, path, chunked, limit=PAYLOAD_MAX):
+    """A POST with one byte more than the gateway takes: declared up front
+    (Content-Length), or found out while reading (chunked). The gateway may
+    answer before the body is all sent."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.putrequest("POST", path)
+        conn.putheader(*(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(limit + 1))))
+        conn.endheaders()
+        block, sent = b"\xab" * 65536, 0
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            while sent < limit + 1:
+                n = min(len(block), limit + 1 - sent)
+                conn.send(b"%x\r\n%s\r\n" % (n, block[:n]) if chunked else block[:n])
+                sent += n
+            if chunked:
+                conn.send(b"0\r\n\r\n")
+        r = conn.getresponse()
+        return Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
+
+
 def check_error(r, status, kind, *, in_message=None, call_id=True):
     """An error response: the status, and a body with kind, message, call id."""
     assert r.status == status, r

@@ -2,7 +2,6 @@
 once the call is stored; the gateway runs it, retries it after runtime
 errors, keeps failures as dead letters to replay, posts results to a
 callback URL, and loses no call across a restart."""
-import contextlib
 import http.client
 import http.server
 import json
@@ -11,7 +10,7 @@ import time
 
 import pytest
 
-from harness import FUNCS, Resp, check_error, own_server, request, wait_for
+from harness import FUNCS, check_error, own_server, request, send_too_large, wait_for
 
 PY = FUNCS / "async" / "py"
 
@@ -216,7 +215,7 @@ def test_hostile_and_bad_requests_get_precise_errors(srv, hook):
     check_error(submit(srv, "nope"), 404, "not_found", call_id=False)
     check_error(submit(srv, "Bad!name"), 404, "not_found", call_id=False)
     for chunked in (False, True):
-        check_error(_too_large(srv.port, chunked), 413, "payload_too_large", call_id=False)
+        check_error(send_too_large(srv.port, "/async-function/record", chunked), 413, "payload_too_large", call_id=False)
     # Callbacks only to http URLs at public or allowed addresses, never
     # the gateway itself (it would call itself), never with a user name.
     for url, words in [("https://example.com/", "http://"),
@@ -284,28 +283,6 @@ def test_queued_calls_can_be_cancelled(srv):
         assert ended(srv, i)["state"] == "ok"
     ran = srv.record_to.read_text()
     assert "slow:0.50\n" in ran and "slow:0.51\n" in ran and "slow:0.52" not in ran, ran
-
-
-def _too_large(port, chunked, limit=6 << 20):
-    """An async call with one byte more than the gateway takes: declared
-    up front, or found out while reading (chunked)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.putrequest("POST", "/async-function/record")
-        conn.putheader(*(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(limit + 1))))
-        conn.endheaders()
-        block, sent = b"\xab" * 65536, 0
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            while sent < limit + 1:
-                n = min(len(block), limit + 1 - sent)
-                conn.send(b"%x\r\n%s\r\n" % (n, block[:n]) if chunked else block[:n])
-                sent += n
-            if chunked:
-                conn.send(b"0\r\n\r\n")
-        r = conn.getresponse()
-        return Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
-    finally:
-        conn.close()
 
 
 def _post_many(port, name, inputs, threads=16):

@@ -88,6 +88,20 @@ def test_a_method_is_served_by_one_function(srv, tmp_path):
     assert unary(srv, "/helloworld.Greeter/SayHello", b"still", timeout=10) == b"hello still"
 
 
+def test_a_redeploy_keeps_its_methods_and_a_removal_frees_them(srv, tmp_path):
+    (tmp_path / "hello.py").write_text("def greet(ctx, data):\n    return b'moved ' + data\n")
+    manifest = "functions:\n  {name}:\n    runtime: python\n    handler: hello:greet\n    grpc: test.Move/It\n"
+    (tmp_path / "staccato.yml").write_text(manifest.format(name="mover"))
+    srv.deploy(tmp_path)
+    srv.deploy(tmp_path)  # its own method: no conflict
+    assert unary(srv, "/test.Move/It", b"1", timeout=10) == b"moved 1"
+    assert srv.cli("rm", "mover").returncode == 0
+    assert rpc_error(srv, "/test.Move/It", b"x", timeout=10).code() == grpc.StatusCode.UNIMPLEMENTED
+    (tmp_path / "staccato.yml").write_text(manifest.format(name="mover2"))
+    srv.deploy(tmp_path)
+    assert unary(srv, "/test.Move/It", b"2", timeout=10) == b"moved 2"
+
+
 class RawH2:
     """One HTTP/2 connection, frames written by hand (h2)."""
 
@@ -98,18 +112,24 @@ class RawH2:
         self.sock.sendall(self.conn.data_to_send())
 
     def call(self, path, body, extra=()):
+        """(headers, data, trailers_only): the response's headers and
+        trailers together, its data, and whether it ended with its headers
+        (a gRPC error is sent so, "trailers-only")."""
         sid = self.conn.get_next_available_stream_id()
         self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path),
                                      (":authority", "localhost"), ("content-type", "application/grpc"),
                                      ("te", "trailers"), *extra])
         self.conn.send_data(sid, body, end_stream=True)
         self.sock.sendall(self.conn.data_to_send())
-        headers, data, ended = {}, b"", False
+        headers, data, ended, only = {}, b"", False, False
         while not ended:
             chunk = self.sock.recv(65536)
             assert chunk, "the gateway closed the connection"
             for ev in self.conn.receive_data(chunk):
-                if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)) and ev.stream_id == sid:
+                if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
+                    headers.update({k.decode(): v.decode() for k, v in ev.headers})
+                    only = ev.stream_ended is not None
+                elif isinstance(ev, h2.events.TrailersReceived) and ev.stream_id == sid:
                     headers.update({k.decode(): v.decode() for k, v in ev.headers})
                 elif isinstance(ev, h2.events.DataReceived) and ev.stream_id == sid:
                     data += ev.data
@@ -119,7 +139,7 @@ class RawH2:
                 elif isinstance(ev, h2.events.StreamReset) and ev.stream_id == sid:
                     raise AssertionError(f"stream reset: {ev}")
             self.sock.sendall(self.conn.data_to_send())
-        return headers, data
+        return headers, data, only
 
     def close(self):
         self.sock.close()
@@ -128,25 +148,29 @@ class RawH2:
 def test_malformed_frames_get_a_grpc_error_and_the_gateway_goes_on(srv):
     raw = RawH2(srv.grpc_port)
     try:
-        for body, status, words in [
-            (b"\x00\x00\x00", "13", "5-byte prefix"),              # a DATA frame shorter than the prefix
-            (b"\x00\x00\x00\x00\x64short", "13", "says 100 bytes"),  # a length that lies
-            (b"\x01\x00\x00\x00\x01z", "12", "compressed"),          # compressed without an encoding
-            (b"\x07\x00\x00\x00\x01z", "13", "flag"),
-            (b"\x00\x00\x00\x00\x01a\x00\x00\x00\x00\x01b", "3", "one request message"),
+        for body, extra, status, words in [
+            (b"\x00\x00\x00", [], "13", "5-byte prefix"),              # a DATA frame shorter than the prefix
+            (b"\x00\x00\x00\x00\x64short", [], "13", "says 100 bytes"),  # a length that lies
+            (b"\x01\x00\x00\x00\x01z", [], "13", "compressed"),          # compressed, no encoding named
+            (b"\x01\x00\x00\x00\x01z", [("grpc-encoding", "gzip")], "12", "not supported"),
+            (b"\x07\x00\x00\x00\x01z", [], "13", "flag"),
+            (b"\x00\x00\x00\x00\x01a\x00\x00\x00\x00\x01b", [], "3", "one request message"),
         ]:
-            headers, data = raw.call("/helloworld.Greeter/SayHello", body)
+            headers, data, only = raw.call("/helloworld.Greeter/SayHello", body, extra)
             assert headers.get("grpc-status") == status, (body, headers)
             assert words in headers.get("grpc-message", ""), (body, headers)
-            assert headers[":status"] == "200" and data == b"", headers
+            assert headers[":status"] == "200" and data == b"" and only, (headers, only)
         # grpc-timeout in its wire form, and a malformed one.
-        headers, _ = raw.call("/test.Nap/Long", b"\x00\x00\x00\x00\x015", [("grpc-timeout", "200m")])
-        assert headers.get("grpc-status") == "4", headers
-        headers, _ = raw.call("/test.Nap/Long", b"\x00\x00\x00\x00\x00", [("grpc-timeout", "soon")])
+        t = time.monotonic()
+        headers, _, _ = raw.call("/test.Nap/Long", b"\x00\x00\x00\x00\x015", [("grpc-timeout", "200m")])
+        assert headers.get("grpc-status") == "4" and time.monotonic() - t < 3, headers
+        headers, _, _ = raw.call("/test.Nap/Long", b"\x00\x00\x00\x00\x00", [("grpc-timeout", "soon")])
         assert headers.get("grpc-status") == "3", headers
-        # The same connection still serves a good call.
-        headers, data = raw.call("/helloworld.Greeter/SayHello", b"\x00\x00\x00\x00\x02ok")
+        # The same connection still serves a good call: the message, then
+        # the status in trailers.
+        headers, data, only = raw.call("/helloworld.Greeter/SayHello", b"\x00\x00\x00\x00\x02ok")
         assert headers.get("grpc-status") == "0" and data == b"\x00\x00\x00\x00\x08hello ok", (headers, data)
+        assert not only
     finally:
         raw.close()
     # Not gRPC at all: HTTP/1.1 on the gRPC port is closed, and the gateway
@@ -154,10 +178,30 @@ def test_malformed_frames_get_a_grpc_error_and_the_gateway_goes_on(srv):
     with socket.create_connection(("127.0.0.1", srv.grpc_port), timeout=5) as s:
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         s.settimeout(5)
+        closed = False
         try:
-            s.recv(100)
-        except (ConnectionResetError, socket.timeout):
-            pass
+            closed = s.recv(100) == b"" or s.recv(100) == b""
+        except ConnectionResetError:
+            closed = True
+        assert closed, "the gateway kept an HTTP/1.1 connection on its gRPC port open"
     assert unary(srv, "/helloworld.Greeter/SayHello", b"after", timeout=10) == b"hello after"
     assert request(srv.port, "GET", "/healthz").status == 200
     check_error(srv.invoke("nope", b""), 404, "not_found")
+
+
+def test_idle_grpc_connections_are_closed(tmp_path):
+    """A connection that says nothing, or opens no stream, holds its place
+    among the gateway's connections no longer than --idle-timeout-s."""
+    gport = free_port()
+    with own_server(tmp_path, extra=["--grpc-listen", f"127.0.0.1:{gport}", "--idle-timeout-s", "2"]):
+        silent = socket.create_connection(("127.0.0.1", gport), timeout=15)
+        quiet = RawH2(gport)
+        quiet.sock.settimeout(15)
+        t = time.monotonic()
+        assert silent.recv(100) == b"" or silent.recv(100) == b""
+        # The HTTP/2 one is told to go (GOAWAY), then closed.
+        while quiet.sock.recv(65536):
+            pass
+        assert time.monotonic() - t < 12
+        silent.close()
+        quiet.close()

@@ -7,8 +7,6 @@ function of tests/functions deployed once; tests that need an isolated server
 Run: python3 -m pytest tests/test_integration.py -x -q
 (needs target/release/staccato and runtimes/c/build/staccato-c-host).
 """
-import contextlib
-import http.client
 import json
 import os
 import re
@@ -24,7 +22,7 @@ from pathlib import Path
 import pytest
 
 
-from harness import (BIN, Resp, FUNCS, HEX16, PAYLOAD_MAX, REPO, Server, alive_pid, check_error, clean_env,
+from harness import (BIN, FUNCS, send_too_large, HEX16, PAYLOAD_MAX, REPO, Server, alive_pid, check_error, clean_env,
                      free_port, manifest_names, max_overlap, ok_body, own_server, request, shm_files, timing,
                      traces, wait_for)
 
@@ -235,32 +233,9 @@ def test_error_unknown_function(server):
     check_error(server.invoke("no-such-function", b"x"), 404, "not_found", in_message="no-such-function")
 
 
-def _send_too_large(port, chunked):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.putrequest("POST", "/function/echo")
-        if chunked:
-            conn.putheader("Transfer-Encoding", "chunked")
-        else:
-            conn.putheader("Content-Length", str(PAYLOAD_MAX + 1))
-        conn.endheaders()
-        block, sent = b"\xab" * 65536, 0
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            while sent < PAYLOAD_MAX + 1:
-                n = min(len(block), PAYLOAD_MAX + 1 - sent)
-                conn.send(b"%x\r\n%s\r\n" % (n, block[:n]) if chunked else block[:n])
-                sent += n
-            if chunked:
-                conn.send(b"0\r\n\r\n")
-        r = conn.getresponse()
-        return Resp(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
-    finally:
-        conn.close()
-
-
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 def test_error_payload_too_large(server, chunked):
-    check_error(_send_too_large(server.port, chunked), 413, "payload_too_large", in_message=str(PAYLOAD_MAX))
+    check_error(send_too_large(server.port, "/function/echo", chunked), 413, "payload_too_large", in_message=str(PAYLOAD_MAX))
     assert ok_body(server.invoke("echo", b"still fine")) == b"still fine"
 
 

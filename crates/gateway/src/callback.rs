@@ -290,9 +290,15 @@ pub fn post(policy: &Policy, url: &CallbackUrl, d: &Delivery) -> Result<u16, Str
     let mut out = head.into_bytes();
     out.extend_from_slice(d.body);
     // Each write and read may wait only for what is left of the time.
-    for chunk in out.chunks(64 << 10) {
+    let mut sent = 0;
+    while sent < out.len() {
         s.set_write_timeout(Some(left()?)).map_err(|e| e.to_string())?;
-        s.write_all(chunk).map_err(|e| format!("sending to {to}: {e}"))?;
+        match s.write(&out[sent..]) {
+            Ok(0) => return Err(format!("{to} stopped reading")),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("sending to {to}: {e}")),
+        }
     }
     let mut line = Vec::new();
     let mut buf = [0u8; 512];

@@ -86,6 +86,9 @@ const ERRORS_KEPT: usize = 8;
 /// (doubled each time it did not start, up to the max).
 const NOT_STARTED_WAIT_MS: u64 = 125;
 const NOT_STARTED_WAIT_MAX_MS: u64 = 10_000;
+/// Tries that did not start before a call is a dead letter (~20 minutes
+/// with the waits above).
+const NOT_STARTED_MAX: u32 = 128;
 /// Threads posting callbacks: each delivery takes at most
 /// `callback::DELIVERY_TIME`, so a slow receiver holds one for that long.
 const CALLBACK_THREADS: usize = 8;
@@ -664,6 +667,13 @@ impl Calls {
                     });
                     rec.input = Bytes::new();
                 }
+                Err((kind, msg, t, true)) if rec.not_started >= NOT_STARTED_MAX => {
+                    // Never started in all that time: a dead letter, not a
+                    // call queued for ever.
+                    let msg = format!("{msg}; it could not start in {} tries", rec.not_started + 1);
+                    rec.attempts -= 1;
+                    dead_letter(rec, kind, msg, now, t);
+                }
                 Err((_, msg, _, true)) => {
                     // Not started: no attempt spent. Waits for an engine
                     // (one restarting restores its functions first).
@@ -863,6 +873,11 @@ impl Calls {
     /// Removes a call: a finished one, or a queued one (cancelled). A
     /// running one cannot be: `Err` with its state.
     pub async fn remove(&self, id: &str) -> Result<bool, ReplayError> {
+        let in_memory = lock(&self.inner).calls.contains_key(id);
+        // Read without the lock (a store may take seconds to answer).
+        if !in_memory && self.store.call(id).map_err(|e| ReplayError::Store(e.to_string()))?.is_none() {
+            return Ok(false);
+        }
         {
             let mut g = lock(&self.inner);
             let g = &mut *g;
@@ -878,8 +893,6 @@ impl Calls {
                     f.unfinished = f.unfinished.saturating_sub(1);
                     f.ready.retain(|x| x != id);
                 }
-            } else if self.store.call(id).map_err(|e| ReplayError::Store(e.to_string()))?.is_none() {
-                return Ok(false);
             }
         }
         match self.log.write(None, Some(id)).await {
@@ -1136,7 +1149,11 @@ async fn attempt(sh: &GwShared, th: &ThreadState, rec: &Record) -> AttemptResult
         // The engine's queue for it was full, or the call waited there
         // until its deadline and never ran (the engine dispatches ordinary
         // calls first): not an attempt, only a wait.
-        Some((Reply::Err(ErrorKind::Overloaded, m, t), _)) => Err((ErrorKind::Overloaded, m, t, true)),
+        // (A worker may report `overloaded` itself after it ran: only the
+        // engine's refusal, before any dispatch, counts as not started.)
+        Some((Reply::Err(ErrorKind::Overloaded, m, t), _)) if t.exec_us == 0 => {
+            Err((ErrorKind::Overloaded, m, t, true))
+        }
         Some((Reply::Err(ErrorKind::Timeout, m, t), _)) if t.exec_us == 0 && t.queue_us > 0 => {
             Err((ErrorKind::Timeout, format!("{m} (it waited in the engine's queue and never ran)"), t, true))
         }

@@ -395,15 +395,16 @@ impl Meta for Etcd {
         Ok(())
     }
 
-    /// Read in pages: one answer is at most 16 MiB here (and etcd's own
-    /// limit is near that), and the calls kept may be more.
+    /// Read in pages of 8: one answer is at most 16 MiB here (and etcd's
+    /// own limit is near that), and a record is up to ~2 MiB as etcd's JSON
+    /// sends it (a dead letter keeps a 1 MiB input).
     fn calls(&self) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let prefix = self.call_key("");
         let end = prefix_end(&prefix);
         let mut from = prefix.clone().into_bytes();
         let mut out = Vec::new();
         loop {
-            let v = self.call("/v3/kv/range", &json!({ "key": b64(&from), "range_end": b64(&end), "limit": 64 }))?;
+            let v = self.call("/v3/kv/range", &json!({ "key": b64(&from), "range_end": b64(&end), "limit": 8 }))?;
             let kvs = v["kvs"].as_array().cloned().unwrap_or_default();
             let mut last = None;
             for kv in &kvs {

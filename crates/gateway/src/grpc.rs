@@ -128,7 +128,8 @@ fn message(out: &[u8]) -> GrpcResp {
 }
 
 /// The one message of a unary request body (its 5-byte prefix checked).
-pub fn unframe(body: &[u8]) -> Result<&[u8], (Code, String)> {
+/// `encoded`: the request named a `grpc-encoding` other than identity.
+pub fn unframe(body: &[u8], encoded: bool) -> Result<&[u8], (Code, String)> {
     if body.len() < 5 {
         return Err((
             Code::Internal,
@@ -138,12 +139,15 @@ pub fn unframe(body: &[u8]) -> Result<&[u8], (Code, String)> {
     let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
     match body[0] {
         0 => {}
-        1 => {
+        // Compressed: an encoding this server does not do, or none named
+        // at all (a protocol error, says the gRPC spec).
+        1 if encoded => {
             return Err((
                 Code::Unimplemented,
                 "compressed messages are not supported (send grpc-encoding identity)".into(),
             ))
         }
+        1 => return Err((Code::Internal, "a compressed message, and no grpc-encoding named".into())),
         f => return Err((Code::Internal, format!("the message prefix's flag is {f}, not 0 or 1"))),
     }
     let rest = &body[5..];
@@ -206,7 +210,14 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
         return error(Code::Unauthenticated, &format!("function {name} needs an invoke key (authorization: Bearer)"));
     }
     let max = sh.cfg.payload_len_max + 5;
-    let body = match Limited::new(req.into_body(), max).collect().await {
+    let encoded = req.headers().get("grpc-encoding").is_some_and(|e| e.as_bytes() != b"identity");
+    // A body that never ends holds its buffer no longer than an idle
+    // connection may stay open.
+    let read = tokio::time::timeout(sh.cfg.idle_timeout, Limited::new(req.into_body(), max).collect()).await;
+    let Ok(read) = read else {
+        return error(Code::DeadlineExceeded, "the request message did not arrive in time");
+    };
+    let body = match read {
         Ok(b) => b.to_bytes(),
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
             let msg = format!("the request message exceeds the {}-byte limit", sh.cfg.payload_len_max);
@@ -214,17 +225,18 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
         }
         Err(e) => return error(Code::Internal, &format!("reading the request: {e}")),
     };
-    let input = match unframe(&body) {
+    let input = match unframe(&body, encoded) {
         Ok(m) => body.slice_ref(m),
         Err((code, msg)) => return error(code, &msg),
     };
     let call_id = th.next_call_id();
     let outcome = match send(&sh, &th, &name, (call_id, timeout), &input, (&bearer, &verdict)).await {
         Sent::Refused(_) => {
+            sh.metrics.record(th.index(), &name, "unauthorized", start.elapsed().as_secs_f64());
             return error(
                 Code::Unauthenticated,
                 &format!("function {name} needs an invoke key (authorization: Bearer)"),
-            )
+            );
         }
         Sent::Answered(o, _) => o,
     };
@@ -261,14 +273,15 @@ mod tests {
 
     #[test]
     fn frames_are_checked() {
-        assert_eq!(unframe(&[0, 0, 0, 0, 2, b'h', b'i']).unwrap(), b"hi");
-        assert_eq!(unframe(&[0, 0, 0, 0, 0]).unwrap(), b"");
-        assert_eq!(unframe(&[0, 0, 0]).unwrap_err().0, Code::Internal);
-        assert_eq!(unframe(&[0, 0, 0, 0, 9, 1]).unwrap_err().0, Code::Internal);
-        assert_eq!(unframe(&[1, 0, 0, 0, 1, 1]).unwrap_err().0, Code::Unimplemented);
-        assert_eq!(unframe(&[7, 0, 0, 0, 1, 1]).unwrap_err().0, Code::Internal);
-        assert_eq!(unframe(&[0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0]).unwrap_err().0, Code::InvalidArgument);
-        assert_eq!(unframe(&[0, 0xff, 0xff, 0xff, 0xff]).unwrap_err().0, Code::Internal);
+        assert_eq!(unframe(&[0, 0, 0, 0, 2, b'h', b'i'], false).unwrap(), b"hi");
+        assert_eq!(unframe(&[0, 0, 0, 0, 0], false).unwrap(), b"");
+        assert_eq!(unframe(&[0, 0, 0], false).unwrap_err().0, Code::Internal);
+        assert_eq!(unframe(&[0, 0, 0, 0, 9, 1], false).unwrap_err().0, Code::Internal);
+        assert_eq!(unframe(&[1, 0, 0, 0, 1, 1], true).unwrap_err().0, Code::Unimplemented);
+        assert_eq!(unframe(&[1, 0, 0, 0, 1, 1], false).unwrap_err().0, Code::Internal);
+        assert_eq!(unframe(&[7, 0, 0, 0, 1, 1], false).unwrap_err().0, Code::Internal);
+        assert_eq!(unframe(&[0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0], false).unwrap_err().0, Code::InvalidArgument);
+        assert_eq!(unframe(&[0, 0xff, 0xff, 0xff, 0xff], false).unwrap_err().0, Code::Internal);
     }
 
     #[test]

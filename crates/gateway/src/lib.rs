@@ -526,6 +526,12 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
     }
     // gRPC: a listener per thread too, on the port the first one took.
     let mut grpc_listeners = Vec::new();
+    if let Some(g) = sh.cfg.grpc_listen.filter(|g| g.port() == addr.port()) {
+        // Both would take connections (SO_REUSEPORT): the kernel would
+        // split them between HTTP/1.1 and gRPC at random.
+        let why = format!("{addr} is the HTTP address; gRPC needs a port of its own");
+        return Err(GatewayError::ListenGrpc(g, std::io::Error::other(why)));
+    }
     if let Some(g) = sh.cfg.grpc_listen {
         let first = bind(g).map_err(|e| GatewayError::ListenGrpc(g, e))?;
         let at = first.local_addr()?;
@@ -772,16 +778,46 @@ async fn serve_grpc(sh: Arc<GwShared>, th: Rc<ThreadState>, listener: tokio::net
         }
         let (sh, th) = (sh.clone(), th.clone());
         tokio::task::spawn_local(async move {
+            // Streams open now, and when the last one ended (or the
+            // connection came): a connection with none for the idle time
+            // is closed, as an idle HTTP/1.1 one is.
+            let active = Rc::new(Cell::new(0usize));
+            let quiet_since = Rc::new(Cell::new(std::time::Instant::now()));
+            let idle = sh.cfg.idle_timeout;
+            let (a, q) = (active.clone(), quiet_since.clone());
             let svc = service_fn(move |req| {
-                let (sh, th) = (sh.clone(), th.clone());
-                async move { Ok::<_, Infallible>(grpc::handle(sh, th, req).await) }
+                let (sh, th, a, q) = (sh.clone(), th.clone(), a.clone(), q.clone());
+                a.set(a.get() + 1);
+                async move {
+                    let r = grpc::handle(sh, th, req).await;
+                    a.set(a.get() - 1);
+                    q.set(std::time::Instant::now());
+                    Ok::<_, Infallible>(r)
+                }
             });
             let mut b = hyper::server::conn::http2::Builder::new(grpc::LocalExec);
             b.timer(hyper_util::rt::TokioTimer::new())
-                .max_concurrent_streams(256)
+                .max_concurrent_streams(32)
                 .max_header_list_size(16 << 10)
                 .keep_alive_interval(Some(std::time::Duration::from_secs(30)));
-            let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+            let conn = b.serve_connection(TokioIo::new(stream), svc);
+            tokio::pin!(conn);
+            let mut closing: Option<std::time::Instant> = None;
+            loop {
+                tokio::select! {
+                    _ = &mut conn => break,
+                    () = tokio::time::sleep(std::time::Duration::from_secs(1)) => match closing {
+                        // Told to go and still here: dropped.
+                        Some(t) if t.elapsed() > std::time::Duration::from_secs(5) => break,
+                        Some(_) => {}
+                        None if active.get() == 0 && quiet_since.get().elapsed() >= idle => {
+                            conn.as_mut().graceful_shutdown();
+                            closing = Some(std::time::Instant::now());
+                        }
+                        None => {}
+                    },
+                }
+            }
             drop(slot);
         });
     }
