@@ -29,8 +29,9 @@ pub trait FrontDoor: Send + Sync {
     /// The engine's id if it is the gateway's only engine (calls are then
     /// served here); `None` when there are others to balance between.
     fn sole_engine(&self) -> Option<String>;
-    /// Records an answered call in the gateway's metrics.
-    fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64);
+    /// Records an answered call in the gateway's metrics, with the
+    /// engine's timing of it.
+    fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64, timing: wire::frame::Timing);
     /// Whether requests must name a loopback host (DNS rebinding).
     fn loopback_only(&self) -> bool;
     /// How long a connection may wait without a complete request.

@@ -716,7 +716,7 @@ impl Shared {
                 let mut engine = None;
                 if let Some(f) = self.front.get() {
                     let latency_s = now.saturating_sub(rec.recv_ns) as f64 / 1e9;
-                    f.record(thread, &rec.func.spec.name, label, latency_s);
+                    f.record(thread, &rec.func.spec.name, label, latency_s, timing);
                     engine = f.sole_engine();
                 }
                 let frame = crate::front::answer(call_id, answer, timing, engine.as_deref(), close);

@@ -206,7 +206,7 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
     let bearer = inputs::bearer(req.headers()).to_vec();
     let verdict = sh.keys.check(&name, &bearer);
     if matches!(verdict, Verdict::Missing | Verdict::Wrong) {
-        sh.metrics.record(th.index(), &name, "unauthorized", start.elapsed().as_secs_f64());
+        sh.metrics.record(th.index(), &name, "unauthorized", start.elapsed().as_secs_f64(), None);
         return error(Code::Unauthenticated, &format!("function {name} needs an invoke key (authorization: Bearer)"));
     }
     let max = sh.cfg.payload_len_max + 5;
@@ -232,7 +232,7 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
     let call_id = th.next_call_id();
     let outcome = match send(&sh, &th, &name, (call_id, timeout), &input, (&bearer, &verdict)).await {
         Sent::Refused(_) => {
-            sh.metrics.record(th.index(), &name, "unauthorized", start.elapsed().as_secs_f64());
+            sh.metrics.record(th.index(), &name, "unauthorized", start.elapsed().as_secs_f64(), None);
             return error(
                 Code::Unauthenticated,
                 &format!("function {name} needs an invoke key (authorization: Bearer)"),
@@ -242,12 +242,12 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
     };
     let latency_s = start.elapsed().as_secs_f64();
     match outcome {
-        Ok((out, _)) => {
-            sh.metrics.record(th.index(), &name, "ok", latency_s);
+        Ok((out, t)) => {
+            sh.metrics.record(th.index(), &name, "ok", latency_s, Some(t));
             message(&out)
         }
-        Err((kind, msg, _)) => {
-            sh.metrics.record(th.index(), &name, kind.name(), latency_s);
+        Err((kind, msg, t)) => {
+            sh.metrics.record(th.index(), &name, kind.name(), latency_s, Some(t));
             error(status_of(kind), &format!("{}: {msg}", kind.name()))
         }
     }

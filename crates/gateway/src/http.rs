@@ -85,7 +85,7 @@ pub(crate) async fn handle(
         (&Method::GET, ["livez"]) => json_resp(StatusCode::OK, &json!({"status": "ok"})),
         (&Method::GET, ["metrics"]) => Response::builder()
             .header(CONTENT_TYPE, "text/plain; version=0.0.4")
-            .body(Full::new(Bytes::from(sh.metrics.render() + &sh.calls.render_metrics())))
+            .body(Full::new(Bytes::from(metrics(&sh).await)))
             .expect("static response parts"),
         (_, ["system", ..]) => {
             if let Some(why) = inputs::cross_origin(req.headers()) {
@@ -98,6 +98,45 @@ pub(crate) async fn handle(
         }
         _ => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no route for {} {path}", req.method()), None),
     }
+}
+
+/// `/metrics`: the gateway's counts and histograms, the async queue, and
+/// each engine's live state (up, and per function τ, workers, queued,
+/// paused), asked for now.
+async fn metrics(sh: &Arc<GwShared>) -> String {
+    use std::fmt::Write as _;
+    let mut s = sh.metrics.render() + &sh.calls.render_metrics();
+    s.push_str("# HELP staccato_engine_up Whether an engine takes calls (1) or not (restoring, unreachable).\n");
+    s.push_str("# TYPE staccato_engine_up gauge\n");
+    for e in sh.engines.rows() {
+        let _ = writeln!(s, "staccato_engine_up{{engine=\"{}\"}} {}", e.id, u8::from(e.state == "ready"));
+    }
+    let mut rows: Vec<(String, ctl::FunctionStatus)> = Vec::new();
+    for (e, answer) in to_all(sh, ctl::Request::Status, Vec::new()).await {
+        if let Ok(ctl::Reply::Status { functions }) = answer {
+            rows.extend(functions.into_iter().map(|f| (e.id.clone(), f)));
+        }
+    }
+    type Gauge = (&'static str, &'static str, fn(&ctl::FunctionStatus) -> f64);
+    let gauges: [Gauge; 6] = [
+        ("staccato_tau", "The concurrency hint τ (Nightcore §3.3).", |f| f64::from(f.scheduler.tau)),
+        ("staccato_workers", "Workers started or starting.", |f| (f.scheduler.pool + f.scheduler.starting) as f64),
+        ("staccato_workers_busy", "Workers running a call.", |f| f64::from(f.scheduler.running)),
+        ("staccato_queued", "Calls waiting in the engine for a worker.", |f| f.scheduler.queued as f64),
+        ("staccato_worker_ready_seconds", "The latest worker start (asked for to ready).", |f| {
+            f.scheduler.worker_ready_us.last().map_or(0.0, |us| *us as f64 / 1e6)
+        }),
+        ("staccato_container_paused", "Whether the function's container is paused (1) or running (0).", |f| {
+            f.container.as_ref().map_or(0.0, |c| f64::from(u8::from(c.paused)))
+        }),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (engine, f) in &rows {
+            let _ = writeln!(s, "{name}{{function=\"{}\",engine=\"{engine}\"}} {}", f.name, value(f));
+        }
+    }
+    s
 }
 
 fn authorized(sh: &GwShared, req: &Request<Incoming>) -> bool {
@@ -115,7 +154,7 @@ fn wrong_type(want: &str, got: &str) -> Resp {
 /// The answer to a call of a function that needs an invoke key, without
 /// one of its keys.
 pub(crate) fn refused_key(sh: &GwShared, th: &ThreadState, name: &str, verdict: &Verdict, start: Instant) -> Resp {
-    sh.metrics.record(th.index(), name, "unauthorized", start.elapsed().as_secs_f64());
+    sh.metrics.record(th.index(), name, "unauthorized", start.elapsed().as_secs_f64(), None);
     let msg = if *verdict == Verdict::Missing {
         format!(
             "function {name} needs an invoke key: send Authorization: Bearer <key> (make one with \
@@ -173,7 +212,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
     let id = format!("{call_id:016x}");
     match outcome {
         Ok((out, t)) => {
-            sh.metrics.record(th.index(), name, "ok", latency_s);
+            sh.metrics.record(th.index(), name, "ok", latency_s, Some(t));
             let mut r = Response::new(Full::new(out));
             let h = r.headers_mut();
             h.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
@@ -188,6 +227,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
                 if kind == ErrorKind::NotFound { "_unknown" } else { name },
                 kind.name(),
                 latency_s,
+                Some(t),
             );
             let status = StatusCode::from_u16(kind.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let mut r = error_resp(status, kind.name(), &msg, Some(&id));

@@ -164,9 +164,17 @@ impl Gateway {
         }
     }
 
-    /// Records a call another front door answered, in `/metrics`.
-    pub fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64) {
-        self.sh.metrics.record(thread, function, outcome, latency_s);
+    /// Records a call another front door answered, in `/metrics`, with
+    /// the engine's timing of it.
+    pub fn record(
+        &self,
+        thread: usize,
+        function: &str,
+        outcome: &'static str,
+        latency_s: f64,
+        timing: wire::frame::Timing,
+    ) {
+        self.sh.metrics.record(thread, function, outcome, latency_s, Some(timing));
     }
 
     /// Whether the gateway answers only requests addressed to a loopback

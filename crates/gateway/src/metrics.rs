@@ -1,5 +1,8 @@
-//! Prometheus metrics: per-function invocation counts by outcome and
-//! end-to-end latency histograms, as seen by the gateway.
+//! Prometheus metrics: per-function invocation counts by outcome,
+//! end-to-end latency histograms as seen by the gateway, and the engine's
+//! own split of each call (time queued for a worker, time executing) and
+//! its cold starts. `http::metrics` adds the engines' live state (τ,
+//! workers, paused containers, up or down) and the async queue.
 //!
 //! Every call records here, on the HTTP thread that served it: each thread
 //! has its own table behind its own (uncontended) mutex, and `/metrics`
@@ -16,12 +19,51 @@ const BUCKETS_S: [f64; 18] = [
     5.0, 10.0,
 ];
 
+/// A histogram over [`BUCKETS_S`].
 #[derive(Default, Clone)]
-struct FnMetrics {
-    outcomes: BTreeMap<&'static str, u64>,
+struct Histogram {
     buckets: [u64; BUCKETS_S.len()],
     count: u64,
     sum_s: f64,
+}
+
+impl Histogram {
+    fn observe(&mut self, s: f64) {
+        if let Some(i) = BUCKETS_S.iter().position(|b| s <= *b) {
+            self.buckets[i] += 1;
+        }
+        self.count += 1;
+        self.sum_s += s;
+    }
+
+    fn add(&mut self, o: &Histogram) {
+        for (b, n) in self.buckets.iter_mut().zip(o.buckets) {
+            *b += n;
+        }
+        self.count += o.count;
+        self.sum_s += o.sum_s;
+    }
+
+    fn render(&self, s: &mut String, metric: &str, function: &str) {
+        let mut cum = 0;
+        for (i, b) in BUCKETS_S.iter().enumerate() {
+            cum += self.buckets[i];
+            let _ = writeln!(s, "{metric}_bucket{{function=\"{function}\",le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(s, "{metric}_bucket{{function=\"{function}\",le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(s, "{metric}_sum{{function=\"{function}\"}} {}", self.sum_s);
+        let _ = writeln!(s, "{metric}_count{{function=\"{function}\"}} {}", self.count);
+    }
+}
+
+#[derive(Default, Clone)]
+struct FnMetrics {
+    outcomes: BTreeMap<&'static str, u64>,
+    latency: Histogram,
+    /// The engine's timing of calls it answered: queued, executing.
+    queue: Histogram,
+    exec: Histogram,
+    cold_starts: u64,
 }
 
 impl FnMetrics {
@@ -29,11 +71,10 @@ impl FnMetrics {
         for (k, n) in &o.outcomes {
             *self.outcomes.entry(k).or_default() += n;
         }
-        for (b, n) in self.buckets.iter_mut().zip(o.buckets) {
-            *b += n;
-        }
-        self.count += o.count;
-        self.sum_s += o.sum_s;
+        self.latency.add(&o.latency);
+        self.queue.add(&o.queue);
+        self.exec.add(&o.exec);
+        self.cold_starts += o.cold_starts;
     }
 }
 
@@ -47,19 +88,32 @@ impl Metrics {
         Metrics { by_thread: (0..threads.max(1)).map(|_| Mutex::default()).collect() }
     }
 
-    /// Records a call served by HTTP thread `thread`.
-    pub fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64) {
+    /// Records a call served by HTTP thread `thread`, with the engine's
+    /// timing of it if an engine answered it (a call refused at the
+    /// gateway has none).
+    pub fn record(
+        &self,
+        thread: usize,
+        function: &str,
+        outcome: &'static str,
+        latency_s: f64,
+        timing: Option<wire::frame::Timing>,
+    ) {
         let mut m = self.by_thread[thread % self.by_thread.len()].lock().unwrap_or_else(|p| p.into_inner());
         if !m.contains_key(function) {
             m.insert(function.to_string(), FnMetrics::default());
         }
         let f = m.get_mut(function).expect("inserted above");
         *f.outcomes.entry(outcome).or_default() += 1;
-        if let Some(i) = BUCKETS_S.iter().position(|b| latency_s <= *b) {
-            f.buckets[i] += 1;
+        f.latency.observe(latency_s);
+        // A call the engine never dispatched has no execution to show.
+        if let Some(t) = timing.filter(|t| t.queue_us > 0 || t.exec_us > 0) {
+            f.queue.observe(f64::from(t.queue_us) / 1e6);
+            f.exec.observe(f64::from(t.exec_us) / 1e6);
+            if t.cold_us > 0 {
+                f.cold_starts += 1;
+            }
         }
-        f.count += 1;
-        f.sum_s += latency_s;
     }
 
     pub fn render(&self) -> String {
@@ -82,19 +136,22 @@ impl Metrics {
         s.push_str("# HELP staccato_invocation_duration_seconds End-to-end latency at the gateway.\n");
         s.push_str("# TYPE staccato_invocation_duration_seconds histogram\n");
         for (name, f) in m.iter() {
-            let mut cum = 0;
-            for (i, b) in BUCKETS_S.iter().enumerate() {
-                cum += f.buckets[i];
-                let _ =
-                    writeln!(s, "staccato_invocation_duration_seconds_bucket{{function=\"{name}\",le=\"{b}\"}} {cum}");
-            }
-            let _ = writeln!(
-                s,
-                "staccato_invocation_duration_seconds_bucket{{function=\"{name}\",le=\"+Inf\"}} {}",
-                f.count
-            );
-            let _ = writeln!(s, "staccato_invocation_duration_seconds_sum{{function=\"{name}\"}} {}", f.sum_s);
-            let _ = writeln!(s, "staccato_invocation_duration_seconds_count{{function=\"{name}\"}} {}", f.count);
+            f.latency.render(&mut s, "staccato_invocation_duration_seconds", name);
+        }
+        s.push_str("# HELP staccato_queue_seconds Time a call waited in its engine for a worker (engine's clock).\n");
+        s.push_str("# TYPE staccato_queue_seconds histogram\n");
+        for (name, f) in m.iter() {
+            f.queue.render(&mut s, "staccato_queue_seconds", name);
+        }
+        s.push_str("# HELP staccato_execution_seconds Time a call ran on its worker (engine's clock).\n");
+        s.push_str("# TYPE staccato_execution_seconds histogram\n");
+        for (name, f) in m.iter() {
+            f.exec.render(&mut s, "staccato_execution_seconds", name);
+        }
+        s.push_str("# HELP staccato_cold_starts_total Calls that waited for a worker started for them.\n");
+        s.push_str("# TYPE staccato_cold_starts_total counter\n");
+        for (name, f) in m.iter() {
+            let _ = writeln!(s, "staccato_cold_starts_total{{function=\"{name}\"}} {}", f.cold_starts);
         }
         s
     }
@@ -107,9 +164,10 @@ mod tests {
     #[test]
     fn histogram_is_cumulative() {
         let m = Metrics::new(2);
-        m.record(0, "f", "ok", 30e-6);
-        m.record(1, "f", "ok", 2.0);
-        m.record(1, "f", "timeout", 100.0);
+        let t = |q, e, c| Some(wire::frame::Timing { queue_us: q, exec_us: e, cold_us: c });
+        m.record(0, "f", "ok", 30e-6, t(5, 20, 0));
+        m.record(1, "f", "ok", 2.0, t(1_500_000, 400_000, 1_500_000));
+        m.record(1, "f", "timeout", 100.0, None);
         let text = m.render();
         assert!(text.contains("staccato_invocations_total{function=\"f\",outcome=\"ok\"} 2"), "{text}");
         assert!(text.contains("staccato_invocations_total{function=\"f\",outcome=\"timeout\"} 1"));
@@ -118,5 +176,10 @@ mod tests {
         assert!(text.contains("le=\"+Inf\"} 3"));
         assert!(text.contains("_count{function=\"f\"} 3"));
         assert!(text.contains("_sum{function=\"f\"} 102.00003"), "{text}");
+        // The engine's split: two calls it timed, one of them cold.
+        assert!(text.contains("staccato_queue_seconds_bucket{function=\"f\",le=\"0.000025\"} 1"), "{text}");
+        assert!(text.contains("staccato_queue_seconds_bucket{function=\"f\",le=\"2.5\"} 2"), "{text}");
+        assert!(text.contains("staccato_execution_seconds_count{function=\"f\"} 2"), "{text}");
+        assert!(text.contains("staccato_cold_starts_total{function=\"f\"} 1"), "{text}");
     }
 }

@@ -799,8 +799,8 @@ impl engine::front::FrontDoor for FrontDoor {
     fn sole_engine(&self) -> Option<String> {
         self.0.sole_engine()
     }
-    fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64) {
-        self.0.record(thread, function, outcome, latency_s);
+    fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64, t: wire::frame::Timing) {
+        self.0.record(thread, function, outcome, latency_s, t);
     }
     fn loopback_only(&self) -> bool {
         self.0.loopback_only()
