@@ -55,5 +55,8 @@ def test_faasprofiler_listing1_runs_unchanged(tmp_path):
     for png in ("latency_over_time.png", "percentile_spectrum.png"):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (run / "invocations.csv").read_text().startswith("call_id,parent_call_id,function")
-    # perf_monitoring.runtime_script ran beside the config.
-    assert (work / "monitoring.log").stat().st_size > 0
+    # perf_monitoring.runtime_script ran beside the config, given the test's
+    # duration as $1, as FaaSProfiler gives it.
+    log = (work / "monitoring.log").read_text()
+    want = int(json.loads((WORKLOADS / "faasprofiler-sample.json").read_text())["test_duration_in_seconds"])
+    assert log.startswith(f"# duration_s {want}\n"), log[:200]

@@ -11,7 +11,8 @@ dur="${dur%.*}"
 case "$dur" in ''|*[!0-9]*) dur=60 ;; esac
 limit=$((dur + 5))
 log="monitoring.log"
-echo "# unix_s cpu user nice system idle iowait irq softirq steal ctxt" >"$log"
+echo "# duration_s $dur" >"$log"
+echo "# unix_s cpu user nice system idle iowait irq softirq steal ctxt" >>"$log"
 start=$(date +%s)
 while [ $(( $(date +%s) - start )) -lt "$limit" ]; do
     cpu=$(grep -m1 '^cpu ' /proc/stat)

@@ -296,7 +296,10 @@ impl ThreadState {
     {
         use engine_link::Reply;
         let started = std::time::Instant::now();
-        let first = self.pick(sh, name, except.as_slice())?;
+        let first = match self.pick(sh, name, except.as_slice()) {
+            Some(l) => l,
+            None => self.pick_once_linked(sh, name, except.as_slice()).await?,
+        };
         let engine = first.engine.clone();
         let reply = {
             let _counted = cluster::InFlight::new(&engine);
@@ -335,6 +338,28 @@ impl ThreadState {
             send(second, left.unwrap_or(1)).await
         };
         Some((reply, engine))
+    }
+
+    /// `pick`, for a call that found no link up: an engine that is ready
+    /// while this thread's link to it is still connecting (the gateway or
+    /// the engine just started, the link is being made again) is waited
+    /// for, up to [`LINK_WAIT`], rather than the call refused at once.
+    async fn pick_once_linked(&self, sh: &GwShared, name: &str, except: &[&Arc<Engine>]) -> Option<Link> {
+        let deadline = std::time::Instant::now() + LINK_WAIT;
+        loop {
+            let connecting = self
+                .links
+                .borrow()
+                .iter()
+                .any(|l| !l.link.is_up() && l.engine.ready() && !except.iter().any(|x| Arc::ptr_eq(x, &l.engine)));
+            if !connecting || std::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            if let Some(l) = self.pick(sh, name, except) {
+                return Some(l);
+            }
+        }
     }
 
     /// The engine behind one of this thread's links.
@@ -430,6 +455,10 @@ fn call_id_tag() -> u64 {
     };
     bits & 0xff_ffff
 }
+
+/// How long a call waits for this thread's link to a ready engine to come
+/// up (`ThreadState::pick_once_linked`).
+const LINK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How often a shared store's revision is read.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);

@@ -17,6 +17,10 @@
 //! * `perf_monitoring.post_script` runs, after the records are written, with
 //!   the run directory as `$1`.
 //!
+//! `perf_monitoring.runtime_script` starts with the test, beside the config,
+//! given the test's duration in whole seconds as `$1` (as FaaSProfiler
+//! starts it) and in `STACCATO_TEST_DURATION_S`; it is stopped at the end.
+//!
 //! `blocking_cli` is accepted and recorded only: this sender never waits
 //! for a response before sending the next request.
 
@@ -87,7 +91,11 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
         cfg.total_duration_s()
     );
     let monitor = match &cfg.runtime_script {
-        Some(s) => Some(start_script(s, &cfg.dir, None).map_err(io("starting perf_monitoring.runtime_script"))?),
+        // As FaaSProfiler starts it: the test's duration, whole seconds, as $1.
+        Some(s) => Some(
+            start_script(s, &cfg.dir, Some((cfg.duration_s as u64).to_string().into()), cfg.duration_s)
+                .map_err(io("starting perf_monitoring.runtime_script"))?,
+        ),
         None => None,
     };
     let template_of = template_of_arrivals(&arrivals, &template_of, &cfg);
@@ -115,7 +123,8 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
     let run = run_json(&cfg, config_path, seed, started_unix_s, &base_url, &arrivals, opts);
     write_json(&dir.join("run.json"), &run)?;
     if let Some(s) = &cfg.post_script {
-        match start_script(s, &cfg.dir, Some(&dir)).and_then(|mut c| c.wait()) {
+        let run_dir = std::path::absolute(&dir).map(PathBuf::into_os_string);
+        match run_dir.and_then(|d| start_script(s, &cfg.dir, Some(d), cfg.duration_s)).and_then(|mut c| c.wait()) {
             Ok(st) if st.success() => {}
             Ok(st) => eprintln!("warning: post_script {} exited with {st}", s.display()),
             Err(e) => eprintln!("warning: post_script {}: {e}", s.display()),
@@ -188,12 +197,14 @@ fn random_seed() -> u64 {
 
 /// `bash SCRIPT [ARG]` in `cwd`, in its own process group so stopping it
 /// stops whatever it started (perf, sar, ...).
-fn start_script(script: &Path, cwd: &Path, arg: Option<&Path>) -> std::io::Result<Child> {
+/// Starts `bash SCRIPT [ARG]` in `cwd`, in a process group of its own, with
+/// the test's duration in `STACCATO_TEST_DURATION_S` too.
+fn start_script(script: &Path, cwd: &Path, arg: Option<std::ffi::OsString>, duration_s: f64) -> std::io::Result<Child> {
     use std::os::unix::process::CommandExt;
     let mut c = Command::new("bash");
-    c.arg(script).current_dir(cwd).process_group(0);
+    c.arg(script).current_dir(cwd).process_group(0).env("STACCATO_TEST_DURATION_S", (duration_s as u64).to_string());
     if let Some(a) = arg {
-        c.arg(std::path::absolute(a)?);
+        c.arg(a);
     }
     c.spawn()
 }
