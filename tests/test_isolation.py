@@ -96,6 +96,24 @@ def test_runs_unprivileged_in_its_own_namespaces(iso):
     assert out["personality"] == "EPERM" and out["move_pages"] == "EPERM" and out["io_uring"] == "EPERM", out
 
 
+def test_python_runs_on_the_engines_interpreter_with_its_own_libraries(iso):
+    # The container binds the interpreter's prefix at /staccato/python; a
+    # shared build must load the libpython in it, not the system's one of
+    # the same soname (it did: another patch release, whose `site` left
+    # the prefix's site-packages, uvloop with them, off the path).
+    out = probe(iso)
+    host = json.loads(subprocess.run(
+        ["python3", "-c", "import json, sys, sysconfig, importlib.util as u; print(json.dumps(["
+         "sys.version.split()[0], bool(sysconfig.get_config_var('Py_ENABLE_SHARED')),"
+         "u.find_spec('uvloop') is not None]))"],
+        check=True, capture_output=True, text=True).stdout)
+    version, shared, uvloop = host
+    assert out["python_version"] == version, out
+    if shared:
+        assert out["libpython"] and all(p.startswith("/staccato/python/") for p in out["libpython"]), out
+    assert out["event_loop"].startswith("uvloop" if uvloop else "asyncio"), out
+
+
 def nice_of(pid):
     """The nice values of a process's threads (field 19 of each
     /proc/PID/task/TID/stat; a nice value is per thread), or {None} if it

@@ -182,6 +182,7 @@ impl Fx {
                 if fork {
                     env.push(("STACCATO_WORKER_MODE".into(), "fork".into()));
                 }
+                env.extend(self.cc.python_env.iter().cloned());
                 let exe = self.cc.python_exe.strip_prefix(&self.cc.python_prefix).unwrap_or(Path::new("bin/python3"));
                 let python = Path::new(CONTAINER_PYTHON).join(exe);
                 vec![python.display().to_string(), "-u".into(), "-m".into(), "staccato.launcher".into()]

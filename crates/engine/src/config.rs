@@ -87,6 +87,14 @@ pub struct ContainerConfig {
     /// [`CONTAINER_PYTHON`].
     pub python_exe: PathBuf,
     pub python_prefix: PathBuf,
+    /// What that interpreter needs in its environment inside a container:
+    /// `LD_LIBRARY_PATH` to its own libpython when it is a shared build
+    /// whose library lies in the prefix. Its RUNPATH names the host path,
+    /// which a container does not have, and the dynamic loader would
+    /// otherwise take the system's libpython of the same soname (a
+    /// different patch release, with a different `site`: the prefix's
+    /// site-packages, uvloop among them, were not on the path).
+    pub python_env: Vec<(String, String)>,
     /// Freeze a function's idle container (see `clock::pause_delay`).
     pub pause: bool,
     /// Bounds on the pause delay Nuka's rule computes.
@@ -186,16 +194,17 @@ impl ContainerConfig {
             return Err(Unavailable::Missing(why));
         }
         let out = Command::new(python)
-            .args(["-c", "import sys; print(sys.executable); print(sys.base_prefix)"])
+            .args(["-c", PYTHON_WHERE])
             .output()
             .map_err(|e| Unavailable::Failed(format!("running {python}: {e}")))?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let mut lines = text.lines();
-        let (Some(exe), Some(prefix)) = (lines.next(), lines.next()) else {
+        let (Some(exe), Some(prefix), Some(libdir)) = (lines.next(), lines.next(), lines.next()) else {
             let err = String::from_utf8_lossy(&out.stderr);
             return Err(Unavailable::Failed(format!("cannot ask {python} where it lives: {err}")));
         };
         let (python_exe, python_prefix) = (PathBuf::from(exe), PathBuf::from(prefix));
+        let python_env = python_container_env(&python_prefix, Path::new(libdir));
         // Several engines (or a test next to a `staccato up`) must not share
         // container names, cgroups or network namespaces.
         let prefix = {
@@ -229,19 +238,22 @@ impl ContainerConfig {
         // start without paying for it; others have it killed first (~1 ms).
         let exe = python_exe.strip_prefix(&python_prefix).unwrap_or(Path::new("bin/python3"));
         let inside = Path::new(CONTAINER_PYTHON).join(exe);
+        let mut warm_env = vec![
+            ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+            ("HOME".into(), "/tmp".into()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("PYTHONPATH".into(), format!("{}/python", CONTAINER_RUNTIMES)),
+        ];
+        warm_env.extend(python_env.iter().cloned());
         sandbox.warm_python = Some(sandbox::Command {
             argv: vec![inside.display().to_string(), "-u".into(), "-m".into(), "staccato.warm".into()],
-            env: vec![
-                ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
-                ("HOME".into(), "/tmp".into()),
-                ("LANG".into(), "C.UTF-8".into()),
-                ("PYTHONPATH".into(), format!("{}/python", CONTAINER_RUNTIMES)),
-            ],
+            env: warm_env,
         });
         Ok(ContainerConfig {
             sandbox,
             python_exe,
             python_prefix,
+            python_env,
             pause: true,
             pause_min: Duration::from_millis(100),
             pause_max: Duration::from_secs(10),
@@ -249,6 +261,25 @@ impl ContainerConfig {
             build: crate::build::build_config(&[]).map_err(|e| Unavailable::Failed(e.to_string()))?,
             uids: std::sync::Arc::new(uids),
         })
+    }
+}
+
+/// Asks an interpreter for its executable, its prefix, and the directory
+/// of its shared libpython (an empty line for a static build).
+const PYTHON_WHERE: &str = "import sys, sysconfig\n\
+print(sys.executable)\n\
+print(sys.base_prefix)\n\
+print(sysconfig.get_config_var('LIBDIR') if sysconfig.get_config_var('Py_ENABLE_SHARED') else '')";
+
+/// The environment a container's interpreter (the prefix bound at
+/// [`CONTAINER_PYTHON`]) needs to load its own shared libpython: the
+/// library's directory as seen inside, when it lies in the prefix.
+pub fn python_container_env(prefix: &Path, libdir: &Path) -> Vec<(String, String)> {
+    match libdir.strip_prefix(prefix) {
+        Ok(rel) if libdir.is_absolute() => {
+            vec![("LD_LIBRARY_PATH".into(), Path::new(CONTAINER_PYTHON).join(rel).display().to_string())]
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -271,4 +302,26 @@ pub fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf, crate::Error> {
         .find(|p| p.join("python/staccato").is_dir())
         .map(|p| p.canonicalize().unwrap_or(p))
         .ok_or_else(|| crate::Error::Unavailable("cannot find the runtimes/ directory; pass --runtimes-dir".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_libpython_in_the_prefix_is_found_inside_the_container() {
+        let env = |prefix: &str, libdir: &str| python_container_env(Path::new(prefix), Path::new(libdir));
+        assert_eq!(
+            env("/root/.pyenv/versions/3.11.7", "/root/.pyenv/versions/3.11.7/lib"),
+            vec![("LD_LIBRARY_PATH".to_string(), "/staccato/python/lib".to_string())]
+        );
+        assert_eq!(
+            env("/usr", "/usr/lib/x86_64-linux-gnu"),
+            vec![("LD_LIBRARY_PATH".to_string(), "/staccato/python/lib/x86_64-linux-gnu".to_string())]
+        );
+        // A static build (no LIBDIR given), or a library outside the
+        // prefix (not in the container: nothing to point at).
+        assert!(env("/usr", "").is_empty());
+        assert!(env("/opt/py", "/usr/lib").is_empty());
+    }
 }

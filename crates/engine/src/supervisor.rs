@@ -780,6 +780,9 @@ fn spawn_in_container(
             ("LANG".into(), "C.UTF-8".into()),
         ];
         env.extend(f.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if f.spec.runtime == crate::spec::Runtime::Python {
+            env.extend(cc.python_env.iter().cloned());
+        }
         for (k, v) in cmd.get_envs() {
             if let Some(v) = v {
                 env.push((k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()));

@@ -3,11 +3,13 @@
 Input: JSON {"read": [paths], "list": [dirs], "connect": [[host, port]]}.
 Output: JSON with the result of each attempt ("ok" or the errno name) and
 facts about the process (user, capabilities, seccomp, namespaces)."""
+import asyncio
 import ctypes
 import errno
 import json
 import os
 import socket
+import sys
 
 
 def attempt(fn):
@@ -90,5 +92,10 @@ def handle(ctx, payload):
         "read": {p: attempt(lambda p=p: read(p)) for p in req.get("read", [])},
         "list": {p: attempt(lambda p=p: os.listdir(p)) for p in req.get("list", [])},
         "connect": {f"{h}:{p}": attempt(lambda h=h, p=p: connect(h, p)) for h, p in req.get("connect", [])},
+        # The interpreter this runs on: its version, the libpython it
+        # loaded, and the event loop the runtime chose.
+        "python_version": sys.version.split()[0],
+        "libpython": sorted({l.split()[-1] for l in open("/proc/self/maps") if "libpython" in l}),
+        "event_loop": type(asyncio.get_event_loop()).__module__,
     }
     return json.dumps(out).encode()
