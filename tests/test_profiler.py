@@ -1,10 +1,12 @@
 """`staccato bench run` (issue 5) against the real binaries: FaaSProfiler's
 sample configuration (the paper's Listing 1) runs unchanged."""
 import csv
+import http.server
 import json
 import os
 import shutil
 import subprocess
+import threading
 
 from harness import BIN, REPO, clean_env, own_server
 
@@ -60,3 +62,86 @@ def test_faasprofiler_listing1_runs_unchanged(tmp_path):
     log = (work / "monitoring.log").read_text()
     want = int(json.loads((WORKLOADS / "faasprofiler-sample.json").read_text())["test_duration_in_seconds"])
     assert log.startswith(f"# duration_s {want}\n"), log[:200]
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A generic endpoint: keeps each request's path, Content-Type and body."""
+    seen = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.seen.append((self.path, self.headers.get("Content-Type"), body))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_configs_faasprofiler_accepts_run_with_warnings(tmp_path):
+    # Written as FaaSProfiler's README and example configs write them, with
+    # what FaaSProfiler itself lets through: a key it does not know, a
+    # window reaching past the test, a window beside an interarrivals_list,
+    # a param_file holding a list, and paths relative to where it runs
+    # (its repository's root) rather than to the config.
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    _Recorder.seen = []
+    root, configs = tmp_path / "faas-profiler", tmp_path / "faas-profiler" / "workload_configs"
+    configs.mkdir(parents=True)
+    (root / "params.json").write_text("[1, 2, 3]")
+    (root / "monitoring").mkdir()
+    (root / "monitoring" / "RuntimeMonitoring.sh").write_text(f'echo "ran $1" > {tmp_path / "monitor.out"}\n')
+    config = {
+        "test_name": "fp accepts/this",
+        "test_duration_in_seconds": 3,
+        "random_seed": 100,
+        "blocking_cli": False,
+        "endpoint": "generic",
+        "owner": "someone",
+        "instances": {
+            "generic": {"application": "example_app1", "url": f"http://127.0.0.1:{receiver.server_port}/app1",
+                        "data": {"message": "sample.png"}, "distribution": "Uniform", "rate": 10,
+                        "activity_window": [1, 60]},
+            "listed": {"application": "function0", "interarrivals_list": [0.5, 0.5, 0.5, 10],
+                       "activity_window": [2, 3]},
+            "params": {"application": "function0", "param_file": "params.json", "distribution": "Poisson",
+                       "rate": 5},
+        },
+        "perf_monitoring": {"runtime_script": "monitoring/RuntimeMonitoring.sh", "post_script": None},
+    }
+    (configs / "workload_configs.json").write_text(json.dumps(config, indent=4))
+    try:
+        with own_server(tmp_path / "srv") as srv:
+            srv.deploy(WORKLOADS / "functions")
+            env = clean_env(STACCATO_GATEWAY=srv.gateway)
+            p = subprocess.run([str(BIN), "bench", "run", "workload_configs/workload_configs.json", "--out",
+                                str(tmp_path / "run")], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+    finally:
+        receiver.shutdown()
+    warnings = [line for line in p.stderr.splitlines() if line.startswith("warning: ")]
+    assert any("unknown field `owner`" in w for w in warnings), p.stderr
+    assert any("instance generic: activity_window [1, 60] reaches outside the test: cut to [1, 3]" in w
+               for w in warnings), p.stderr
+    assert any("instance listed: activity_window is ignored next to interarrivals_list" in w for w in warnings)
+    assert any("cannot name a directory" in w for w in warnings), p.stderr
+    run_json = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert len(run_json["config_warnings"]) == len(warnings) == 4, (run_json["config_warnings"], warnings)
+
+    rows = list(csv.DictReader(open(tmp_path / "run" / "requests.csv")))
+    assert all(r["status"] == "200" and r["error"] == "" for r in rows), [r for r in rows if r["status"] != "200"]
+    per = {i: [r for r in rows if r["instance"] == i] for i in ("generic", "listed", "params")}
+    # Uniform at 10/s from 1 s to the test's end; the list up to the end,
+    # its window ignored (0.5, 1.0, 1.5; the 4th arrival is past 3 s).
+    assert 19 <= len(per["generic"]) <= 21, len(per["generic"])
+    assert [round(float(r["scheduled_s"]), 3) for r in per["listed"]] == [0.5, 1.0, 1.5]
+    assert per["params"] and all(int(r["bytes_out"]) == len(b"[1, 2, 3]") for r in per["params"])
+    # The generic endpoint got what FaaSProfiler sends it: data as JSON.
+    assert len(_Recorder.seen) == len(per["generic"])
+    assert all(path == "/app1" and ctype == "application/json" and json.loads(body) == {"message": "sample.png"}
+               for path, ctype, body in _Recorder.seen), _Recorder.seen[:2]
+    # The runtime script was found from the working directory, and ran.
+    assert (tmp_path / "monitor.out").read_text() == "ran 3\n"

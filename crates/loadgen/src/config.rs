@@ -2,10 +2,20 @@
 //! read unchanged, plus optional extensions.
 //!
 //! The file is deserialized into the `File*` structs below, which list every
-//! key accepted (any other key is an error that names it), and `validate`
-//! then checks what serde cannot (positive rates, the window inside the test,
+//! key known, and `validate` then checks what serde cannot (positive rates,
 //! ...) and builds [`Config`]. JSON `null` means "not given" for every key,
 //! and an integer is accepted wherever a number of seconds or a rate is.
+//!
+//! What FaaSProfiler itself accepts is accepted here, with a warning
+//! ([`Config::warnings`]) where it is odd: an unknown key (FaaSProfiler
+//! reads the keys it knows and ignores the rest; the warning names the key
+//! and the known ones, so a typo still shows), no instances, a test name
+//! that cannot name a directory (the run directory gets a cleaned one), an
+//! activity window reaching past the test (cut at its end) or empty (no
+//! requests), an `endpoint` it does not know, a `runtime_script` that is
+//! not a string (FaaSProfiler skips it). What makes FaaSProfiler fail
+//! (a negative rate, a window that is not two numbers, no application) is
+//! an error here too.
 //!
 //! FaaSProfiler fields (Listing 1, its README, and the example configs in its
 //! repository, including the ones of its generic endpoint and trace replay):
@@ -23,10 +33,13 @@
 //! empty string, like null, means none}.
 //!
 //! `interarrivals_list` replays inter-arrival times counted from the test's
-//! start, as FaaSProfiler does; `distribution` is then not needed (Poisson
-//! or Uniform are accepted and ignored, as there) and an `activity_window`
-//! keeps the arrivals that fall inside it. A body comes from `data_file`,
-//! else `param_file`, else `data`.
+//! start up to its end, as FaaSProfiler does; `distribution` is then not
+//! needed (Poisson or Uniform are accepted and ignored, as there), and nor
+//! is an `activity_window` (ignored with a warning: FaaSProfiler's event
+//! generator applies windows to generated arrivals only). A body comes from
+//! `data_file` (sent as `Content-Type: image/jpeg` unless `headers` say
+//! otherwise, as FaaSProfiler sends it), else `param_file` (any JSON value),
+//! else `data`.
 //!
 //! Extensions: top-level `base_url`, `warmup_in_seconds`, `pause_in_seconds`,
 //! `slo`; per instance `method`, `headers`, `mix`, `rates`, and the
@@ -34,8 +47,10 @@
 //! `Trace` (`trace_file`); `_comment` (ignored) at the top level and in an
 //! instance, since JSON has no comments.
 //!
-//! Relative paths are relative to the configuration file's directory; a
-//! leading `~` expands to $HOME.
+//! Relative paths are relative to the configuration file's directory, or,
+//! when nothing is there, to the working directory (FaaSProfiler opens them
+//! from where it runs, its repository's root); a leading `~` expands to
+//! $HOME.
 
 use crate::Error;
 use serde::de::{DeserializeOwned, IgnoredAny};
@@ -60,6 +75,9 @@ pub struct Config {
     pub runtime_script: Option<PathBuf>,
     pub post_script: Option<PathBuf>,
     pub slo: Option<Slo>,
+    /// What was accepted but looks wrong, one sentence each (`bench run`
+    /// prints them and keeps them in run.json).
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -124,9 +142,8 @@ struct FileConfig {
     test_duration_in_seconds: Option<f64>,
     random_seed: Option<u64>,
     blocking_cli: Option<bool>,
-    // Accepted and recorded (in `raw`) only: the leading `_` says so.
-    #[serde(rename = "endpoint")]
-    _endpoint: Option<Endpoint>,
+    // Recorded (in `raw`), and checked only to warn.
+    endpoint: Option<String>,
     #[serde(rename = "serverless_platform")]
     _serverless_platform: Option<IgnoredAny>,
     // Sorted by name, which is the order instances have always had.
@@ -140,13 +157,8 @@ struct FileConfig {
     _comment: Option<IgnoredAny>,
 }
 
-/// Where FaaSProfiler sends requests; only checked and recorded here.
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Endpoint {
-    LocalOpenwhisk,
-    Generic,
-}
+/// The `endpoint`s FaaSProfiler knows; recorded only here.
+const ENDPOINTS: [&str; 2] = ["local_openwhisk", "generic"];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -192,8 +204,9 @@ struct FileMixItem {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FilePerfMonitoring {
-    runtime_script: Option<String>,
-    post_script: Option<String>,
+    // Any value: FaaSProfiler runs it only if it is a true string.
+    runtime_script: Option<Value>,
+    post_script: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -228,8 +241,24 @@ impl Config {
         if !raw.is_object() {
             return Err(cfg("the configuration must be a JSON object"));
         }
-        let file: FileConfig = typed(&raw)?;
-        file.validate(raw, dir)
+        let (file, warnings): (FileConfig, _) = lenient(&raw)?;
+        match file.validate(raw, dir) {
+            Ok(mut c) => {
+                c.warnings.splice(0..0, warnings);
+                Ok(c)
+            }
+            // A key left out may be why: say so beside the error.
+            Err(Error::Config(m)) if !warnings.is_empty() => {
+                Err(Error::Config(format!("{m} (and: {})", warnings.join("; "))))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `test_name` as a directory name: `/` and NUL become `_`; an empty
+    /// name, `.` or `..` become `test`.
+    pub fn dir_name(&self) -> String {
+        dir_name(&self.test_name)
     }
 
     /// Phases in the test: the longest `rates` list (1 without sweeps).
@@ -257,7 +286,7 @@ impl FileConfig {
             test_duration_in_seconds,
             random_seed,
             blocking_cli,
-            _endpoint,
+            endpoint,
             _serverless_platform,
             instances,
             perf_monitoring,
@@ -267,14 +296,29 @@ impl FileConfig {
             slo,
             _comment,
         } = self;
-        let test_name = check_test_name(test_name)?;
+        let mut warnings = Vec::new();
+        let test_name = test_name.ok_or_else(|| cfg("test_name is required"))?;
+        if dir_name(&test_name) != test_name {
+            warnings.push(format!(
+                "test_name {test_name:?} cannot name a directory: the run directory is named {:?}",
+                dir_name(&test_name)
+            ));
+        }
+        if let Some(e) = endpoint.filter(|e| !ENDPOINTS.contains(&e.as_str())) {
+            warnings.push(format!(
+                "endpoint {e:?} is not one FaaSProfiler knows ({}); requests go to each instance's url or the gateway as always",
+                ENDPOINTS.join(", ")
+            ));
+        }
         let duration = test_duration_in_seconds.ok_or_else(|| cfg("test_duration_in_seconds is required"))?;
         let duration_s = positive(duration, "test_duration_in_seconds")?;
         let warmup_s = non_negative(warmup_in_seconds, "warmup_in_seconds")?;
         let pause_s = non_negative(pause_in_seconds, "pause_in_seconds")?;
-        let instances = validate_instances(instances, dir, duration_s)?;
+        let instances = validate_instances(instances, dir, duration_s, &mut warnings)?;
         let perf = perf_monitoring.map(|p| p.0).unwrap_or_default();
         let slo = slo.map(|s| s.0.validate()).transpose()?;
+        let runtime_script = script(perf.runtime_script, "runtime_script", dir, &mut warnings);
+        let post_script = script(perf.post_script, "post_script", dir, &mut warnings);
         Ok(Config {
             raw,
             dir: dir.to_path_buf(),
@@ -286,40 +330,53 @@ impl FileConfig {
             warmup_s,
             pause_s,
             instances,
-            runtime_script: script(perf.runtime_script, dir),
-            post_script: script(perf.post_script, dir),
+            runtime_script,
+            post_script,
             slo,
+            warnings,
         })
     }
 }
 
-fn check_test_name(name: Option<String>) -> Result<String, Error> {
-    let name = name.ok_or_else(|| cfg("test_name is required"))?;
-    // It names the run directory.
-    if name.is_empty() || name.contains('/') {
-        return Err(cfg("test_name must be a non-empty name without '/'"));
+fn dir_name(name: &str) -> String {
+    match name {
+        "" | "." | ".." => "test".into(),
+        _ => name.replace(['/', '\0'], "_"),
     }
-    Ok(name)
 }
 
 fn validate_instances(
     instances: Option<BTreeMap<String, Obj<FileInstance>>>,
     dir: &Path,
     duration_s: f64,
+    warnings: &mut Vec<String>,
 ) -> Result<Vec<Instance>, Error> {
     let instances = instances.ok_or_else(|| cfg("instances (an object of named instances) is required"))?;
     if instances.is_empty() {
-        return Err(cfg("instances is empty"));
+        warnings.push("instances is empty: the test sends no requests".into());
     }
     instances
         .into_iter()
-        .map(|(name, i)| i.0.validate(&name, dir, duration_s).map_err(|e| within(&format!("instance {name}"), e)))
+        .map(|(name, i)| {
+            let mut mine = Vec::new();
+            let r = i.0.validate(&name, dir, duration_s, &mut mine).map_err(|e| within(&format!("instance {name}"), e));
+            warnings.extend(mine.into_iter().map(|w| format!("instance {name}: {w}")));
+            r
+        })
         .collect()
 }
 
-/// FaaSProfiler runs a script only when the field is truthy, so "" is none too.
-fn script(path: Option<String>, dir: &Path) -> Option<PathBuf> {
-    path.filter(|p| !p.is_empty()).map(|p| resolve(dir, &p))
+/// FaaSProfiler runs a script only when the field is a true string ("",
+/// null, false are none); anything else it skips (a bare `except`).
+fn script(v: Option<Value>, key: &str, dir: &Path, warnings: &mut Vec<String>) -> Option<PathBuf> {
+    match v {
+        Some(Value::String(p)) if !p.is_empty() => Some(resolve(dir, &p)),
+        None | Some(Value::Null | Value::Bool(false)) | Some(Value::String(_)) => None,
+        Some(other) => {
+            warnings.push(format!("perf_monitoring.{key} is {other}, not a script path: not run"));
+            None
+        }
+    }
 }
 
 impl FileSlo {
@@ -335,14 +392,17 @@ impl FileSlo {
 
 // Instance rules. `validate_instances` prefixes errors with the instance's name.
 impl FileInstance {
-    fn validate(self, name: &str, dir: &Path, duration_s: f64) -> Result<Instance, Error> {
+    fn validate(self, name: &str, dir: &Path, duration_s: f64, warnings: &mut Vec<String>) -> Result<Instance, Error> {
         let mix = self.mix()?;
-        let window = self.window(duration_s)?;
-        let distribution = self.distribution(dir, window)?;
+        let window = self.window(duration_s, warnings)?;
+        let distribution = self.distribution(dir)?;
         let rates = self.rates(matches!(distribution, Distribution::Trace { .. }))?;
         let body = self.body(dir)?;
         let method = self.method()?;
-        let headers = self.headers()?;
+        let mut headers = self.headers()?;
+        if self.data_file.is_some() && self.bodies_file.is_none() && !has_header(&headers, "content-type") {
+            headers.push(("Content-Type".into(), "image/jpeg".into()));
+        }
         Ok(Instance { name: name.into(), mix, distribution, rates, window, body, url: self.url, method, headers })
     }
 
@@ -355,19 +415,34 @@ impl FileInstance {
         }
     }
 
-    fn window(&self, duration_s: f64) -> Result<Option<(f64, f64)>, Error> {
-        match self.activity_window {
-            None => Ok(None),
-            Some([a, b]) if 0.0 <= a && a < b && b <= duration_s => Ok(Some((a, b))),
-            Some(_) => Err(Error::Config(format!(
-                "activity_window must be [start, end] with 0 <= start < end <= {duration_s}"
-            ))),
+    /// The window inside the test. FaaSProfiler keeps the generated
+    /// arrivals between start and end, whatever those are, and applies no
+    /// window to an `interarrivals_list`.
+    fn window(&self, duration_s: f64, warnings: &mut Vec<String>) -> Result<Option<(f64, f64)>, Error> {
+        let Some([a, b]) = self.activity_window else { return Ok(None) };
+        if !(a.is_finite() && b.is_finite()) {
+            return Err(cfg("activity_window must be [start, end] in seconds"));
         }
+        if self.interarrivals_list.is_some() {
+            warnings.push("activity_window is ignored next to interarrivals_list (as FaaSProfiler does)".into());
+            return Ok(None);
+        }
+        let (start, end) = (a.max(0.0), b.min(duration_s));
+        if start >= end {
+            warnings.push(format!(
+                "activity_window [{a}, {b}] holds no time of the {duration_s} s test: this instance sends no requests"
+            ));
+            return Ok(Some((0.0, 0.0)));
+        }
+        if (start, end) != (a, b) {
+            warnings.push(format!("activity_window [{a}, {b}] reaches outside the test: cut to [{start}, {end}]"));
+        }
+        Ok(Some((start, end)))
     }
 
-    fn distribution(&self, dir: &Path, window: Option<(f64, f64)>) -> Result<Distribution, Error> {
+    fn distribution(&self, dir: &Path) -> Result<Distribution, Error> {
         if let Some(list) = &self.interarrivals_list {
-            return self.inline_trace(list, window);
+            return self.inline_trace(list);
         }
         let name = self.distribution.ok_or_else(|| {
             cfg("distribution (Poisson, Uniform, Constant, Bursty, Trace) or interarrivals_list is required")
@@ -387,7 +462,7 @@ impl FileInstance {
         })
     }
 
-    fn inline_trace(&self, list: &[f64], window: Option<(f64, f64)>) -> Result<Distribution, Error> {
+    fn inline_trace(&self, list: &[f64]) -> Result<Distribution, Error> {
         // FaaSProfiler's checker allows only these two next to a list, and
         // its generator then ignores them.
         if !matches!(self.distribution, None | Some(DistributionName::Poisson | DistributionName::Uniform)) {
@@ -396,7 +471,7 @@ impl FileInstance {
         if !list.iter().all(|x| x.is_finite() && *x >= 0.0) {
             return Err(cfg("interarrivals_list must hold non-negative numbers of seconds"));
         }
-        Ok(Distribution::Trace { inter_arrivals_s: rebase(list, window) })
+        Ok(Distribution::Trace { inter_arrivals_s: list.to_vec() })
     }
 
     fn rates(&self, trace: bool) -> Result<Vec<f64>, Error> {
@@ -460,7 +535,7 @@ impl FileInstance {
             if h.contains(['\r', '\n']) {
                 return Err(cfg("host must be a single-line string"));
             }
-            if out.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            if has_header(&out, "host") {
                 return Err(cfg("give either host or a Host header, not both"));
             }
             out.push(("Host".into(), h.clone()));
@@ -483,23 +558,8 @@ fn validate_mix(items: &[Obj<FileMixItem>]) -> Result<Vec<(String, f64)>, Error>
     Ok(mix)
 }
 
-/// FaaSProfiler counts an `interarrivals_list` from the test's start and
-/// keeps the arrivals inside the activity window; `Distribution::Trace`
-/// counts from the window's start, so the kept times are re-based on it.
-fn rebase(inter_arrivals_s: &[f64], window: Option<(f64, f64)>) -> Vec<f64> {
-    let Some((start, end)) = window else { return inter_arrivals_s.to_vec() };
-    let (mut t, mut prev, mut out) = (0.0, start, Vec::new());
-    for ia in inter_arrivals_s {
-        t += ia;
-        if t >= end {
-            break;
-        }
-        if t >= start {
-            out.push(t - prev);
-            prev = t;
-        }
-    }
-    out
+fn has_header(headers: &[(String, String)], name: &str) -> bool {
+    headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name))
 }
 
 /// Most lines a `bodies_file` may have (each becomes a prebuilt request).
@@ -531,11 +591,13 @@ fn read_bodies_file(p: &Path) -> Result<Body, Error> {
     Ok(Body::Lines(out))
 }
 
+/// Any JSON value, sent as it is (FaaSProfiler loads it and sends it back
+/// as JSON).
 fn read_param_file(p: &Path) -> Result<Body, Error> {
     let text = std::fs::read(p).map_err(|e| Error::Config(format!("param_file {}: {e}", p.display())))?;
-    match serde_json::from_slice::<Value>(&text) {
-        Ok(Value::Object(_)) => Ok(Body::Json(text)),
-        _ => Err(Error::Config(format!("param_file {} must hold a JSON object", p.display()))),
+    match serde_json::from_slice::<IgnoredAny>(&text) {
+        Ok(_) => Ok(Body::Json(text)),
+        Err(e) => Err(Error::Config(format!("param_file {} is not JSON: {e}", p.display()))),
     }
 }
 
@@ -561,7 +623,9 @@ fn read_trace(p: &Path) -> Result<Vec<f64>, Error> {
     Ok(out)
 }
 
-/// `~` expands to $HOME; relative paths are relative to the config's directory.
+/// `~` expands to $HOME; a relative path is the config directory's, or
+/// the working directory's when only that one exists (where FaaSProfiler
+/// would open it).
 pub fn resolve(dir: &Path, p: &str) -> PathBuf {
     if let Some(rest) = p.strip_prefix("~/").or(if p == "~" { Some("") } else { None }) {
         if let Some(home) = std::env::var_os("HOME") {
@@ -570,10 +634,13 @@ pub fn resolve(dir: &Path, p: &str) -> PathBuf {
     }
     let p = Path::new(p);
     if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        dir.join(p)
+        return p.to_path_buf();
     }
+    let beside = dir.join(p);
+    if !beside.exists() && p.exists() {
+        return std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    }
+    beside
 }
 
 fn cfg(msg: &str) -> Error {
@@ -605,15 +672,39 @@ fn non_negative(x: Option<f64>, what: &str) -> Result<f64, Error> {
     }
 }
 
-/// The document as `T`; when serde refuses it, the message names the key.
-fn typed<T: DeserializeOwned>(doc: &Value) -> Result<T, Error> {
-    T::deserialize(doc).map_err(|e| {
+/// The document as `T`, unknown keys left out with a warning each (found
+/// one at a time, as serde reports them; a key inside a list, as in `mix`,
+/// stays an error). Other faults are errors that name the key.
+fn lenient<T: DeserializeOwned>(doc: &Value) -> Result<(T, Vec<String>), Error> {
+    let mut doc = doc.clone();
+    let mut warnings = Vec::new();
+    loop {
+        let e = match T::deserialize(&doc) {
+            Ok(t) => return Ok((t, warnings)),
+            Err(e) => e,
+        };
         let mut path = Vec::new();
-        match blame::<T>(doc, &|v| v, &mut path) {
-            Some(inner) => cfg(&describe(&path, &inner.to_string())),
-            None => cfg(&e.to_string()),
+        let msg = blame::<T>(&doc, &|v| v, &mut path).unwrap_or(e).to_string();
+        let unknown = msg.strip_prefix("unknown field `").and_then(|m| m.split('`').next());
+        if unknown.is_some() && unknown == path.last().map(String::as_str) && remove_at(&mut doc, &path) {
+            warnings.push(format!("{}; ignored, as FaaSProfiler ignores keys it does not know", describe(&path, &msg)));
+            continue;
         }
-    })
+        return Err(cfg(&describe(&path, &msg)));
+    }
+}
+
+/// Removes the key at `path` (object keys from the top); whether it was there.
+fn remove_at(doc: &mut Value, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else { return false };
+    let mut at = doc;
+    for k in parents {
+        match at.get_mut(k) {
+            Some(v) => at = v,
+            None => return false,
+        }
+    }
+    at.as_object_mut().is_some_and(|m| m.remove(last).is_some())
 }
 
 /// serde names an unknown key but not the key whose value has the wrong
@@ -780,37 +871,56 @@ mod tests {
         assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson"}"#)).contains("rate"));
         assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":-1}"#))
             .contains("instance a: rate must be a non-negative number"));
-        assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":1,"activity_window":[5,50]}"#))
-            .contains("activity_window"));
         assert!(parse_err(&base(r#"{"distribution":"Poisson","rate":1}"#)).contains("application"));
         assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":1,"data_file":"nope.bin"}"#))
             .contains("instance a: data_file /nonexistent/nope.bin"));
     }
 
+    fn warnings(text: &str) -> Vec<String> {
+        Config::parse(text, Path::new("/nonexistent")).unwrap().warnings
+    }
+
+    /// FaaSProfiler ignores keys it does not know: so does this, but each
+    /// is named in a warning with the keys known there, so a typo shows.
     #[test]
-    fn misspelled_keys_are_named() {
-        let e = parse_err(r#"{"test_name":"t","test_duraton_in_seconds":10,"instances":{}}"#);
-        assert!(e.starts_with("invalid workload configuration: unknown field `test_duraton_in_seconds`, expected one of `test_name`, `test_duration_in_seconds`"), "{e}");
-        let e = parse_err(
-            r#"{"test_name":"t","test_duration_in_seconds":10,"instances":{"a":{"application":"f","distribution":"Poisson","rats":1}}}"#,
-        );
+    fn unknown_keys_are_named_and_ignored() {
+        let inst = r#""instances":{"a":{"application":"f","distribution":"Poisson","rate":1}}"#;
+        let w = warnings(&format!(r#"{{"test_name":"t","test_duration_in_seconds":10,"owner":"me",{inst}}}"#));
+        assert_eq!(w.len(), 1, "{w:?}");
         assert!(
-            e.contains("instance a: unknown field `rats`, expected one of `application`, `distribution`, `rate`"),
+            w[0].starts_with("unknown field `owner`, expected one of `test_name`, `test_duration_in_seconds`"),
+            "{w:?}"
+        );
+        assert!(w[0].ends_with("ignored, as FaaSProfiler ignores keys it does not know"), "{w:?}");
+        let w = warnings(
+            r#"{"test_name":"t","test_duration_in_seconds":10,"instances":{"a":{"application":"f","distribution":"Poisson","rate":1,"rats":1,"note":"x"}}}"#,
+        );
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w.iter().any(|w| w
+                .contains("instance a: unknown field `rats`, expected one of `application`, `distribution`, `rate`")),
+            "{w:?}"
+        );
+        let w = warnings(&format!(
+            r#"{{"test_name":"t","test_duration_in_seconds":10,"perf_monitoring":{{"runtime_scirpt":"m.sh"}},{inst}}}"#
+        ));
+        assert!(
+            w[0].contains(
+                "perf_monitoring: unknown field `runtime_scirpt`, expected `runtime_script` or `post_script`"
+            ),
+            "{w:?}"
+        );
+        let w = warnings(&format!(
+            r#"{{"test_name":"t","test_duration_in_seconds":10,"slo":{{"p":99,"max_ms":5}},{inst}}}"#
+        ));
+        assert!(w[0].contains("slo: unknown field `p`, expected `percentile` or `max_ms`"), "{w:?}");
+        // A required key misspelled: the error says which key was left out.
+        let e = parse_err(&format!(r#"{{"test_name":"t","test_duraton_in_seconds":10,{inst}}}"#));
+        assert!(
+            e.contains("test_duration_in_seconds is required (and: unknown field `test_duraton_in_seconds`"),
             "{e}"
         );
-        let e = parse_err(
-            r#"{"test_name":"t","test_duration_in_seconds":10,"perf_monitoring":{"runtime_scirpt":"m.sh"},
-                "instances":{"a":{"application":"f","distribution":"Poisson","rate":1}}}"#,
-        );
-        assert!(
-            e.contains("perf_monitoring: unknown field `runtime_scirpt`, expected `runtime_script` or `post_script`"),
-            "{e}"
-        );
-        let e = parse_err(
-            r#"{"test_name":"t","test_duration_in_seconds":10,"slo":{"p":99,"max_ms":5},
-                "instances":{"a":{"application":"f","distribution":"Poisson","rate":1}}}"#,
-        );
-        assert!(e.contains("slo: unknown field `p`, expected `percentile` or `max_ms`"), "{e}");
+        // Inside a list (`mix`, an extension) an unknown key stays an error.
         let e = parse_err(
             r#"{"test_name":"t","test_duration_in_seconds":10,
                 "instances":{"a":{"mix":[{"application":"f","wieght":2}],"distribution":"Poisson","rate":1}}}"#,
@@ -834,12 +944,8 @@ mod tests {
         assert!(e.contains("instance a: invalid type: sequence, expected a map"), "{e}");
         let e = parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"random_seed":-1,"instances":{}}"#);
         assert!(e.contains("random_seed: invalid value: integer `-1`, expected u64"), "{e}");
-        let e = parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"endpoint":"aws","instances":{}}"#);
-        assert!(e.contains("endpoint: unknown variant `aws`, expected `local_openwhisk` or `generic`"), "{e}");
-        let e = parse_err(
-            r#"{"test_name":"t","test_duration_in_seconds":10,"perf_monitoring":{"runtime_script":5},"instances":{}}"#,
-        );
-        assert!(e.contains("perf_monitoring.runtime_script: invalid type: integer `5`, expected a string"), "{e}");
+        let e = parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"endpoint":5,"instances":{}}"#);
+        assert!(e.contains("endpoint: invalid type: integer `5`, expected a string"), "{e}");
         assert!(parse_err("[1]").contains("the configuration must be a JSON object"));
         // serde's derive would take a struct as an array of its fields in order.
         let e = parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"slo":[99,5],"instances":{}}"#);
@@ -1004,7 +1110,88 @@ mod tests {
             r#"{"application":"f","distribution":"Poisson","rate":1,"host":"h","headers":{"host":"g"}}"#
         ))
         .contains("instance a: give either host or a Host header"));
-        assert!(parse_err(r#"{"test_name":"t","test_duration_in_seconds":10,"instances":{}}"#)
-            .contains("instances is empty"));
+        // A window that is not two numbers fails there too.
+        assert!(parse_err(&base(r#"{"application":"f","distribution":"Poisson","rate":1,"activity_window":[1]}"#))
+            .contains("instance a: activity_window: invalid length 1"));
+    }
+
+    /// What FaaSProfiler runs without complaint runs here, with a warning
+    /// where it looks like a mistake.
+    #[test]
+    fn what_faasprofiler_accepts_is_accepted() {
+        let d = tmpdir("accepts");
+        std::fs::write(d.join("list.json"), "[1, 2, 3]").unwrap();
+        std::fs::write(d.join("photo.jpg"), b"\xff\xd8").unwrap();
+        let one = |inst: &str, top: &str| {
+            Config::parse(
+                &format!(r#"{{"test_name":"t","test_duration_in_seconds":10,{top}"instances":{{"a":{inst}}}}}"#),
+                &d,
+            )
+            .unwrap()
+        };
+        // No instances: nothing is sent.
+        let c = Config::parse(r#"{"test_name":"t","test_duration_in_seconds":10,"instances":{}}"#, &d).unwrap();
+        assert_eq!((c.instances.len(), c.warnings.len()), (0, 1));
+        // A window past the test's end is cut there; an empty one sends nothing.
+        let c = one(r#"{"application":"f","distribution":"Poisson","rate":1,"activity_window":[-1,50]}"#, "");
+        assert_eq!(c.instances[0].window, Some((0.0, 10.0)));
+        assert!(c.warnings[0].contains("activity_window [-1, 50] reaches outside the test: cut to [0, 10]"), "{c:?}");
+        for w in ["[7,3]", "[4,4]", "[12,20]"] {
+            let c =
+                one(&format!(r#"{{"application":"f","distribution":"Uniform","rate":5,"activity_window":{w}}}"#), "");
+            assert!(c.warnings[0].contains("this instance sends no requests"), "{c:?}");
+            assert_eq!(crate::schedule::build(&c, 1), vec![], "{w}");
+        }
+        // Next to an interarrivals_list the window is ignored.
+        let c = one(r#"{"application":"f","interarrivals_list":[1,1],"activity_window":[5,6]}"#, "");
+        assert_eq!((c.instances[0].window, c.warnings.len()), (None, 1));
+        // Any test name; the run directory gets a usable one.
+        for (name, dir) in [("a/b", "a_b"), ("", "test"), ("..", "test"), ("ok", "ok")] {
+            let c = Config::parse(
+                &format!(r#"{{"test_name":{name:?},"test_duration_in_seconds":1,"instances":{{}}}}"#),
+                &d,
+            )
+            .unwrap();
+            assert_eq!((c.test_name.as_str(), c.dir_name().as_str()), (name, dir));
+            assert_eq!(c.warnings.len(), if name == dir { 1 } else { 2 }, "{:?}", c.warnings);
+        }
+        // An endpoint it does not know; a runtime_script that is no path.
+        let c = one(r#"{"application":"f","distribution":"Poisson","rate":1}"#, r#""endpoint":"aws","#);
+        assert!(c.warnings[0].contains(r#"endpoint "aws" is not one FaaSProfiler knows"#), "{c:?}");
+        let c = one(
+            r#"{"application":"f","distribution":"Poisson","rate":1}"#,
+            r#""perf_monitoring":{"runtime_script":5,"post_script":false},"#,
+        );
+        assert_eq!((c.runtime_script.as_ref(), c.post_script.as_ref()), (None, None));
+        assert_eq!(c.warnings, vec!["perf_monitoring.runtime_script is 5, not a script path: not run".to_string()]);
+        // A param_file holding any JSON value is its body.
+        let c = one(r#"{"application":"f","distribution":"Poisson","rate":1,"param_file":"list.json"}"#, "");
+        assert_eq!(c.instances[0].body, Body::Json(b"[1, 2, 3]".to_vec()));
+        // A data_file goes as image/jpeg, as FaaSProfiler sends it, unless
+        // the instance's headers say otherwise.
+        let c = one(r#"{"application":"f","distribution":"Poisson","rate":1,"data_file":"photo.jpg"}"#, "");
+        assert_eq!(c.instances[0].headers, vec![("Content-Type".to_string(), "image/jpeg".to_string())]);
+        let c = one(
+            r#"{"application":"f","distribution":"Poisson","rate":1,"data_file":"photo.jpg","headers":{"content-type":"image/png"}}"#,
+            "",
+        );
+        assert_eq!(c.instances[0].headers, vec![("content-type".to_string(), "image/png".to_string())]);
+    }
+
+    #[test]
+    fn relative_paths_fall_back_to_the_working_directory() {
+        let d = tmpdir("cwd");
+        let here = format!("loadgen-cwd-{}.json", std::process::id());
+        std::fs::write(&here, "{}").unwrap();
+        let c = Config::parse(
+            &format!(
+                r#"{{"test_name":"t","test_duration_in_seconds":1,"instances":{{"a":{{"application":"f","distribution":"Poisson","rate":1,"param_file":"{here}"}}}}}}"#
+            ),
+            &d,
+        );
+        std::fs::remove_file(&here).unwrap();
+        assert_eq!(c.unwrap().instances[0].body, Body::Json(b"{}".to_vec()));
+        // The config's directory wins when the file is there.
+        assert_eq!(resolve(&d, "x"), d.join("x"));
     }
 }

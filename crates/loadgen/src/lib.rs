@@ -77,8 +77,11 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
     let arrivals = schedule::build(&cfg, seed);
     let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
     let dir = opts.out_dir.clone().unwrap_or_else(|| {
-        PathBuf::from("bench-results").join(format!("{}-{}", cfg.test_name, timestamp(started_unix_s as u64)))
+        PathBuf::from("bench-results").join(format!("{}-{}", cfg.dir_name(), timestamp(started_unix_s as u64)))
     });
+    for w in &cfg.warnings {
+        eprintln!("warning: {}: {w}", config_path.display());
+    }
     std::fs::create_dir_all(&dir).map_err(|e| Error::Io(format!("creating {}", dir.display()), e))?;
     let io = |what: &str| {
         let what = what.to_string();
@@ -282,6 +285,7 @@ fn run_json(
     }
     json!({
         "config": cfg.raw,
+        "config_warnings": cfg.warnings,
         "config_path": std::path::absolute(config_path).unwrap_or_else(|_| config_path.to_path_buf()),
         "seed_used": seed,
         "started_unix_s": started_unix_s,

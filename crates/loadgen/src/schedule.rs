@@ -253,11 +253,14 @@ mod tests {
 
     #[test]
     fn interarrivals_list_counts_from_the_test_start() {
-        // FaaSProfiler's sample: a list starting 5 s in, inside a [5, 10] window.
+        // FaaSProfiler's sample: a list starting 5 s in (its window, [5, 10]
+        // in the 2019 sample, is ignored next to a list, as there); a list
+        // is cut at the test's end.
         let c = cfg(r#"{"test_name":"t","test_duration_in_seconds":15,"random_seed":1,"instances":{
             "a":{"application":"f","interarrivals_list":[5,0.13,0.15,0.8,0.1,0.13,0.13,0.1,0.4],"activity_window":[5,10]},
             "b":{"application":"f","interarrivals_list":[5,0.13,0.15,0.8,0.1,0.13,0.13,0.1,0.4]},
-            "c":{"application":"f","interarrivals_list":[1,1,1,1,1],"activity_window":[2.5,4.5]}}}"#);
+            "c":{"application":"f","interarrivals_list":[1,1,1,1,1],"activity_window":[2.5,4.5]},
+            "d":{"application":"f","interarrivals_list":[14,0.5,0.6]}}}"#);
         let s = build(&c, 1);
         let times =
             |i: u32| -> Vec<f64> { s.iter().filter(|x| x.instance == i).map(|x| x.at_ns as f64 / 1e9).collect() };
@@ -267,7 +270,8 @@ mod tests {
             assert_eq!(t.len(), 9, "{t:?}");
             assert!(t.iter().zip(expected).all(|(a, b)| (a - b).abs() < 1e-6), "{t:?}");
         }
-        assert_eq!(times(2), vec![3.0, 4.0]);
+        assert_eq!(times(2), vec![1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(times(3), vec![14.0, 14.5]);
     }
 
     #[test]
