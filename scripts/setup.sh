@@ -26,6 +26,8 @@ command -v memcached >/dev/null 2>&1 || need_apt+=(memcached)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 # bench/front_ab.sh's throughput runs.
 command -v wrk >/dev/null 2>&1 || need_apt+=(wrk)
+# The dashboard's test drives a real headless browser (tests/test_dashboard.py).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> apt-get install ${need_apt[*]}"
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi
@@ -46,6 +48,7 @@ python3 -c 'import kubernetes_validate, yaml' >/dev/null 2>&1 || { echo "==> pip
 # The workload analyzer (staccato bench analyze/compare) plots with matplotlib.
 # gRPC ingress tests: a real gRPC client (grpcio) and raw HTTP/2 frames (h2).
 python3 -c 'import grpc, h2' >/dev/null 2>&1 || { echo "==> pip install grpcio h2"; python3 -m pip install -q grpcio h2; }
+python3 -c 'import playwright' >/dev/null 2>&1 || { echo "==> pip install playwright (drives Debian's chromium in tests/test_dashboard.py)"; python3 -m pip install -q playwright; }
 python3 -c 'import numpy, matplotlib' >/dev/null 2>&1 || { echo "==> pip install numpy matplotlib"; python3 -m pip install -q numpy matplotlib; }
 # uvloop makes the Python runtime's event loop ~5-20 us faster per internal
 # call (BENCHMARKS.md); the runtime falls back to asyncio without it.

@@ -32,6 +32,52 @@ pub type Resp = Response<Full<Bytes>>;
 
 pub use api::http::{CALL_ID_HEADER, ENGINE_HEADER, TIMEOUT_HEADER, TIMING_HEADER};
 
+/// Every request of a gateway connection: the dashboard's event stream,
+/// whose body is open-ended, or any other route ([`handle`]).
+pub(crate) async fn serve(
+    sh: Arc<GwShared>,
+    th: Rc<ThreadState>,
+    req: Request<Incoming>,
+    management_only: bool,
+) -> crate::dashboard::StreamResp {
+    if req.method() == Method::GET && req.uri().path() == "/system/dashboard/stream" {
+        if let Some(refusal) = wrong_host(&sh, &req).or_else(|| refused_management(&sh, &req)) {
+            return refusal.map(BodyExt::boxed_unsync);
+        }
+        return crate::dashboard::stream(sh);
+    }
+    handle(sh, th, req, management_only).await.map(BodyExt::boxed_unsync)
+}
+
+/// A gateway on loopback answers only requests addressed to a loopback
+/// name (a web page cannot reach it by DNS rebinding).
+fn wrong_host(sh: &GwShared, req: &Request<Incoming>) -> Option<Resp> {
+    if !sh.cfg.listen.ip().is_loopback() || inputs::loopback_host(req.headers()) {
+        return None;
+    }
+    let host = req.headers().get(HOST).map_or_else(String::new, |h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+    Some(error_resp(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        &format!(
+            "this gateway listens on loopback and answers only requests for localhost or a loopback address, \
+             not Host {host:?}"
+        ),
+        None,
+    ))
+}
+
+/// Management requests come from no other site's page and carry the token.
+fn refused_management(sh: &GwShared, req: &Request<Incoming>) -> Option<Resp> {
+    if let Some(why) = inputs::cross_origin(req.headers()) {
+        return Some(error_resp(StatusCode::FORBIDDEN, "forbidden", &why, None));
+    }
+    if !authorized(sh, req) {
+        return Some(error_resp(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token", None));
+    }
+    None
+}
+
 /// `management_only`: the connection is beyond the connection limit and
 /// may only reach `/system/*`, `/healthz` and `/livez` (calls get 503).
 pub(crate) async fn handle(
@@ -40,18 +86,8 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
     management_only: bool,
 ) -> Resp {
-    if sh.cfg.listen.ip().is_loopback() && !inputs::loopback_host(req.headers()) {
-        let host =
-            req.headers().get(HOST).map_or_else(String::new, |h| String::from_utf8_lossy(h.as_bytes()).into_owned());
-        return error_resp(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            &format!(
-                "this gateway listens on loopback and answers only requests for localhost or a loopback address, \
-                 not Host {host:?}"
-            ),
-            None,
-        );
+    if let Some(refusal) = wrong_host(&sh, &req) {
+        return refusal;
     }
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -87,17 +123,48 @@ pub(crate) async fn handle(
             .header(CONTENT_TYPE, "text/plain; version=0.0.4")
             .body(Full::new(Bytes::from(metrics(&sh).await)))
             .expect("static response parts"),
+        // The dashboard's page: static, no data (that is behind the token).
+        (&Method::GET, ["ui"] | ["ui", _]) => crate::dashboard::asset(&path).unwrap_or_else(|| {
+            error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no route for GET {path}"), None)
+        }),
         (_, ["system", ..]) => {
-            if let Some(why) = inputs::cross_origin(req.headers()) {
-                return error_resp(StatusCode::FORBIDDEN, "forbidden", &why, None);
-            }
-            if !authorized(&sh, &req) {
-                return error_resp(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong bearer token", None);
+            if let Some(refusal) = refused_management(&sh, &req) {
+                return refusal;
             }
             system(&sh, req, &segs[1..]).await
         }
         _ => error_resp(StatusCode::NOT_FOUND, "not_found", &format!("no route for {} {path}", req.method()), None),
     }
+}
+
+/// Each engine's state of each function it runs, asked for now: (engine
+/// id, status). An engine that does not answer is left out.
+pub(crate) async fn engine_status(sh: &GwShared) -> Vec<(String, ctl::FunctionStatus)> {
+    let mut rows = Vec::new();
+    for (e, answer) in to_all(sh, ctl::Request::Status, Vec::new()).await {
+        if let Ok(ctl::Reply::Status { functions }) = answer {
+            rows.extend(functions.into_iter().map(|f| (e.id.clone(), f)));
+        }
+    }
+    rows
+}
+
+/// The latest calls each engine recorded (`limit` from each), with the
+/// engine's id in each record; an engine that does not answer is left out.
+pub(crate) async fn to_all_traces(sh: &GwShared, function: Option<String>, limit: u32) -> Vec<Value> {
+    let mut out = Vec::new();
+    for (e, answer) in to_all(sh, ctl::Request::Trace { function, limit }, Vec::new()).await {
+        match answer {
+            Ok(ctl::Reply::Traces { traces }) => out.extend(traces.into_iter().map(|t| {
+                let mut v = json!(t);
+                v["engine"] = json!(e.id);
+                v
+            })),
+            Ok(other) => log::warn!("traces of engine {}: an unexpected reply: {other:?}", e.id),
+            Err(err) => log::warn!("traces of engine {}: {err}", e.id),
+        }
+    }
+    out
 }
 
 /// `/metrics`: the gateway's counts and histograms, the async queue, and
@@ -111,12 +178,7 @@ async fn metrics(sh: &Arc<GwShared>) -> String {
     for e in sh.engines.rows() {
         let _ = writeln!(s, "staccato_engine_up{{engine=\"{}\"}} {}", e.id, u8::from(e.state == "ready"));
     }
-    let mut rows: Vec<(String, ctl::FunctionStatus)> = Vec::new();
-    for (e, answer) in to_all(sh, ctl::Request::Status, Vec::new()).await {
-        if let Ok(ctl::Reply::Status { functions }) = answer {
-            rows.extend(functions.into_iter().map(|f| (e.id.clone(), f)));
-        }
-    }
+    let rows = engine_status(sh).await;
     type Gauge = (&'static str, &'static str, fn(&ctl::FunctionStatus) -> f64);
     let gauges: [Gauge; 6] = [
         ("staccato_tau", "The concurrency hint τ (Nightcore §3.3).", |f| f64::from(f.scheduler.tau)),
@@ -384,20 +446,12 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
         (&Method::GET, ["logs", name]) => logs(sh, name, &query).await,
         (&Method::GET, ["trace"]) => {
             let (function, limit) = inputs::trace_query(&query);
-            let req = ctl::Request::Trace { function, limit: limit as u32 };
-            let mut out = Vec::new();
-            for (e, answer) in to_all(sh, req, Vec::new()).await {
-                match answer {
-                    Ok(ctl::Reply::Traces { traces }) => out.extend(traces.into_iter().map(|t| {
-                        let mut v = json!(t);
-                        v["engine"] = json!(e.id);
-                        v
-                    })),
-                    Ok(other) => return unexpected(&other),
-                    Err(err) => log::warn!("traces of engine {}: {err}", e.id),
-                }
-            }
-            json_resp(StatusCode::OK, &Value::Array(out))
+            json_resp(StatusCode::OK, &Value::Array(to_all_traces(sh, function, limit as u32).await))
+        }
+        (&Method::GET, ["dashboard"]) => json_resp(StatusCode::OK, &crate::dashboard::snapshot(sh).await),
+        (&Method::GET, ["dashboard", "stream"]) => {
+            // Served by `serve` before routing; reached only through `handle` alone.
+            error_resp(StatusCode::NOT_FOUND, "not_found", "GET /system/dashboard/stream is an event stream", None)
         }
         (&Method::GET, ["calls"]) => crate::async_http::list(sh, &query),
         (&Method::GET, ["calls", id]) => crate::async_http::get(sh, id),

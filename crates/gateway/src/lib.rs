@@ -20,6 +20,7 @@ mod callback;
 mod calls;
 pub mod cluster;
 mod control;
+mod dashboard;
 mod engine_link;
 mod etcd;
 mod forward;
@@ -781,7 +782,7 @@ fn serve_thread(
                 let management_only = slot.reserve;
                 let svc = service_fn(move |req| {
                     let (sh, th) = (sh.clone(), th.clone());
-                    async move { Ok::<_, Infallible>(http::handle(sh, th, req, management_only).await) }
+                    async move { Ok::<_, Infallible>(http::serve(sh, th, req, management_only).await) }
                 });
                 let mut b = http1::Builder::new();
                 b.timer(hyper_util::rt::TokioTimer::new())

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 /// Histogram bucket bounds in seconds: microsecond-scale at the bottom,
 /// because that is where this runtime lives.
-const BUCKETS_S: [f64; 18] = [
+pub const BUCKETS_S: [f64; 18] = [
     25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1.0, 2.5,
     5.0, 10.0,
 ];
@@ -42,6 +42,14 @@ impl Histogram {
         }
         self.count += o.count;
         self.sum_s += o.sum_s;
+    }
+
+    /// Per-bucket counts (not cumulative), the last one for calls above
+    /// every bound; and the count and sum.
+    fn to_json(&self) -> serde_json::Value {
+        let mut b = self.buckets.to_vec();
+        b.push(self.count - self.buckets.iter().sum::<u64>());
+        serde_json::json!({"buckets": b, "count": self.count, "sum_s": self.sum_s})
     }
 
     fn render(&self, s: &mut String, metric: &str, function: &str) {
@@ -116,7 +124,7 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self) -> String {
+    fn merged(&self) -> BTreeMap<String, FnMetrics> {
         let mut m: BTreeMap<String, FnMetrics> = BTreeMap::new();
         for t in &self.by_thread {
             // Copied out one thread at a time: no thread waits for rendering.
@@ -125,6 +133,28 @@ impl Metrics {
                 m.entry(name).or_default().add(&f);
             }
         }
+        m
+    }
+
+    /// The same figures as JSON, per function, for the dashboard: counts
+    /// by outcome, cold starts, and the latency, queue and execution
+    /// histograms over [`BUCKETS_S`] (the page takes rates and percentiles
+    /// from the difference between two snapshots).
+    pub fn snapshot(&self) -> BTreeMap<String, serde_json::Value> {
+        self.merged()
+            .into_iter()
+            .map(|(name, f)| {
+                let v = serde_json::json!({
+                    "outcomes": f.outcomes, "cold_starts": f.cold_starts, "latency": f.latency.to_json(),
+                    "queue": f.queue.to_json(), "exec": f.exec.to_json(),
+                });
+                (name, v)
+            })
+            .collect()
+    }
+
+    pub fn render(&self) -> String {
+        let m = self.merged();
         let mut s = String::new();
         s.push_str("# HELP staccato_invocations_total Function invocations through the gateway, by outcome.\n");
         s.push_str("# TYPE staccato_invocations_total counter\n");
@@ -181,5 +211,15 @@ mod tests {
         assert!(text.contains("staccato_queue_seconds_bucket{function=\"f\",le=\"2.5\"} 2"), "{text}");
         assert!(text.contains("staccato_execution_seconds_count{function=\"f\"} 2"), "{text}");
         assert!(text.contains("staccato_cold_starts_total{function=\"f\"} 1"), "{text}");
+        let snap = m.snapshot();
+        let f = &snap["f"];
+        assert_eq!(f["outcomes"], serde_json::json!({"ok": 2, "timeout": 1}));
+        // 30 µs in the 50 µs bucket, 2 s in the 2.5 s one, 100 s above all.
+        let b = f["latency"]["buckets"].as_array().unwrap();
+        assert_eq!(
+            (b.len(), &b[1], &b[15], &b[18]),
+            (BUCKETS_S.len() + 1, &serde_json::json!(1), &serde_json::json!(1), &serde_json::json!(1))
+        );
+        assert_eq!((f["exec"]["count"].as_u64(), f["cold_starts"].as_u64()), (Some(2), Some(1)));
     }
 }

@@ -113,6 +113,9 @@ enum Cmd {
         #[arg(short = 'f', long)]
         follow: bool,
     },
+    /// The live dashboard: prints its address (with the management token,
+    /// in the part after `#` that browsers never send) to open in a browser.
+    Ui,
     /// Recent call traces (receive, dispatch, complete timestamps).
     Trace {
         name: Option<String>,
@@ -202,6 +205,17 @@ fn run(cli: Cli) -> Result<()> {
             let all: Vec<&str> = text.lines().collect();
             for l in &all[all.len().saturating_sub(lines)..] {
                 println!("{l}");
+            }
+            Ok(())
+        }
+        Cmd::Ui => {
+            // Checked first, so a wrong gateway or token fails here, not in the browser.
+            let r = client()?.request("GET", "/system/dashboard", b"").map_err(unreachable(&cli.gateway))?;
+            check(&r)?;
+            let base = cli.gateway.trim_end_matches('/');
+            match &tok {
+                Some(t) => println!("{base}/ui#token={t}"),
+                None => println!("{base}/ui"),
             }
             Ok(())
         }

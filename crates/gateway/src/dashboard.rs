@@ -1,0 +1,144 @@
+//! The live dashboard: `GET /ui` (a page and its script, static, no build
+//! chain) and the data behind it, `GET /system/dashboard` (one snapshot)
+//! and `GET /system/dashboard/stream` (a snapshot a second as server-sent
+//! events). The data routes are management routes (token, same origin);
+//! the page holds no data and asks for the token, which it keeps in the
+//! tab's sessionStorage and sends as a bearer token.
+//!
+//! A snapshot carries cumulative counts and histograms: the page takes
+//! rates and windowed percentiles from the difference between two, so the
+//! gateway keeps no per-viewer state.
+
+use crate::http::{engine_status, to_all_traces};
+use crate::metrics::BUCKETS_S;
+use crate::GwShared;
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame};
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE};
+use hyper::Response;
+use serde_json::{json, Map, Value};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub type StreamResp = Response<UnsyncBoxBody<Bytes, Infallible>>;
+
+/// Recent calls a snapshot carries (all engines together).
+const RECENT: u32 = 60;
+/// A stream ends after this long; the page opens another (so a tab left
+/// open does not hold a connection slot for ever without a fresh check
+/// of its token).
+const STREAM_FOR: Duration = Duration::from_secs(600);
+const PERIOD: Duration = Duration::from_secs(1);
+
+const PAGE: &str = include_str!("ui/index.html");
+const SCRIPT: &str = include_str!("ui/app.js");
+
+/// What the page may load: its own script, nothing from elsewhere, and it
+/// may not be framed.
+const CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; \
+                   img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
+
+/// `/ui` and `/ui/app.js`.
+pub fn asset(path: &str) -> Option<Response<Full<Bytes>>> {
+    let (body, ctype) = match path {
+        "/ui" | "/ui/" => (PAGE, "text/html; charset=utf-8"),
+        "/ui/app.js" => (SCRIPT, "text/javascript; charset=utf-8"),
+        _ => return None,
+    };
+    Some(
+        Response::builder()
+            .header(CONTENT_TYPE, ctype)
+            .header("content-security-policy", CSP)
+            .header("x-content-type-options", "nosniff")
+            .header("referrer-policy", "no-referrer")
+            .header(CACHE_CONTROL, "no-cache")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("static response parts"),
+    )
+}
+
+/// One snapshot: per function the gateway's counts and histograms and
+/// each engine's live state of it; the engines; the latest calls.
+pub async fn snapshot(sh: &Arc<GwShared>) -> Value {
+    let mut functions: Map<String, Value> =
+        sh.metrics.snapshot().into_iter().map(|(k, mut v)| (k, std::mem::take(&mut v))).collect();
+    for (engine, f) in engine_status(sh).await {
+        let entry = functions.entry(f.name.clone()).or_insert_with(|| json!({}));
+        let live = json!({
+            "engine": engine, "runtime": f.runtime, "tau": f.scheduler.tau,
+            "workers": f.scheduler.pool + f.scheduler.starting, "busy": f.scheduler.running,
+            "queued": f.scheduler.queued, "paused": f.container.as_ref().map(|c| c.paused),
+            "launcher": f.launcher, "last_error": f.last_error, "completed": f.completed, "failed": f.failed,
+        });
+        match entry.get_mut("engines").and_then(Value::as_array_mut) {
+            Some(a) => a.push(live),
+            None => entry["engines"] = json!([live]),
+        }
+    }
+    let engines: Vec<Value> = sh
+        .engines
+        .rows()
+        .into_iter()
+        .map(|e| json!({"id": e.id, "state": e.state, "in_flight": e.in_flight, "calls": e.calls}))
+        .collect();
+    let recent = to_all_traces(sh, None, RECENT).await;
+    json!({
+        "time_ms": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        "bounds_s": BUCKETS_S,
+        "functions": functions,
+        "engines": engines,
+        "recent": recent,
+    })
+}
+
+/// A snapshot a second as `text/event-stream`, for [`STREAM_FOR`].
+pub fn stream(sh: Arc<GwShared>) -> StreamResp {
+    let mut tick = tokio::time::interval(PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let body = Events { sh, tick, next: None, ends: tokio::time::Instant::now() + STREAM_FOR };
+    Response::builder()
+        .header(CONTENT_TYPE, "text/event-stream")
+        .header(CACHE_CONTROL, "no-cache")
+        .body(body.boxed_unsync())
+        .expect("static response parts")
+}
+
+/// The stream's body: on each tick, a snapshot as one `data:` event.
+struct Events {
+    sh: Arc<GwShared>,
+    tick: tokio::time::Interval,
+    next: Option<Pin<Box<dyn Future<Output = Bytes> + Send>>>,
+    ends: tokio::time::Instant,
+}
+
+impl Body for Events {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(f) = this.next.as_mut() {
+                let bytes = std::task::ready!(f.as_mut().poll(cx));
+                this.next = None;
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+            if tokio::time::Instant::now() >= this.ends {
+                return Poll::Ready(None);
+            }
+            std::task::ready!(this.tick.poll_tick(cx));
+            let sh = this.sh.clone();
+            this.next = Some(Box::pin(async move {
+                // JSON has no raw newlines outside strings: one data line.
+                let v = snapshot(&sh).await;
+                Bytes::from(format!("data: {v}\n\n"))
+            }));
+        }
+    }
+}
