@@ -5,6 +5,7 @@ runs, a failing call shows as an error, an internal call chain shows as
 one tree; the data routes refuse a request without the token. The run
 leaves a screenshot in its temporary directory (its path is printed)."""
 import json
+import re
 import shutil
 import threading
 import time
@@ -130,6 +131,9 @@ def test_dashboard_in_chromium_shows_calls_live(tmp_path):
                 assert [s.get_attribute("data-function") for s in tree.query_selector_all(".span")] == \
                     ["chain-a", "chain-b", "chain-c"]
                 assert page.text_content('#engines td.state') == "ready"
+                # The engine's isolation pool (containers ready / kept ready).
+                assert re.fullmatch(r"\d+ / [1-9]\d*", page.text_content('#engines td.pool')), \
+                    page.text_content('#engines td.pool')
                 shot = tmp_path / "dashboard.png"
                 page.screenshot(path=str(shot), full_page=True)
                 assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

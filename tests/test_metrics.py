@@ -63,6 +63,12 @@ def test_the_engine_split_and_live_state_are_there(page):
     assert value(page, "staccato_workers_busy", function="echo") == 0
     assert value(page, "staccato_queued", function="echo") == 0
     assert "staccato_container_paused" in page and "staccato_worker_ready_seconds" in page
+    # The engine's isolation pool (`staccato up` has containers here): the
+    # functions deployed took containers from it, and it refilled.
+    assert value(page, "staccato_pool_target") >= 1
+    assert value(page, "staccato_pool_created_total") >= value(page, "staccato_pool_target")
+    assert "staccato_pool_idle" in page and "staccato_pool_misses_total" in page
+    assert "staccato_pool_reused_total" in page and "staccato_pool_destroyed_total" in page
     assert value(page, "staccato_async_finished_total", function="echo", outcome="ok") == 1
     assert value(page, "staccato_async_queued", function="echo") == 0
 
@@ -70,7 +76,7 @@ def test_the_engine_split_and_live_state_are_there(page):
 def test_every_dashboard_query_uses_metrics_that_exist(page):
     dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    assert len(exprs) >= 14, exprs
+    assert len(exprs) >= 20, exprs
     used = set()
     for e in exprs:
         used |= set(re.findall(r"\bstaccato_[a-z0-9_]+", e))

@@ -87,6 +87,10 @@ pub enum Reply {
     },
     Status {
         functions: Vec<FunctionStatus>,
+        /// The engine's isolation pool; none when it runs functions as
+        /// plain processes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pool: Option<PoolStatus>,
     },
     Traces {
         traces: Vec<TraceRecord>,
@@ -169,6 +173,25 @@ pub struct FunctionStatus {
     pub completed: u64,
     pub failed: u64,
     pub scheduler: SchedulerStatus,
+}
+
+/// An engine's isolation pool (Nuka §III.A): containers ready, the size it
+/// keeps, and what it has done since the engine started.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    /// Ready containers waiting for a function.
+    pub idle: u64,
+    /// How many it keeps ready.
+    pub target: u64,
+    /// Containers made (refills and misses).
+    pub created: u64,
+    /// Containers given back, cleaned and made ready again.
+    pub reused: u64,
+    pub destroyed: u64,
+    /// Functions that found the pool empty and waited for a container.
+    pub misses: u64,
+    /// How long the latest container took to make, in milliseconds.
+    pub create_ms_last: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -370,7 +393,11 @@ mod tests {
     fn answers_survive_the_trip() {
         for answer in [
             Ok(Reply::Registered { name: "f".into(), notes: "installed 1".into() }),
-            Ok(Reply::Status { functions: vec![] }),
+            Ok(Reply::Status { functions: vec![], pool: None }),
+            Ok(Reply::Status {
+                functions: vec![],
+                pool: Some(PoolStatus { idle: 2, target: 4, ..Default::default() }),
+            }),
             Err(Refusal::new(RefusalKind::BuildFailed, "gcc: error")),
         ] {
             let mut buf = Vec::new();

@@ -123,11 +123,24 @@ const DRAIN_MAX: Duration = Duration::from_secs(30);
 impl Supervisor {
     /// One control request answered at once (registrations take
     /// `begin_deploy` instead: `run` sends them there).
+    fn pool_status(&self) -> Option<api::control::PoolStatus> {
+        let s = self.shared.pool.as_ref()?.stats();
+        Some(api::control::PoolStatus {
+            idle: s.idle as u64,
+            target: s.target as u64,
+            created: s.created,
+            reused: s.reused,
+            destroyed: s.destroyed,
+            misses: s.misses,
+            create_ms_last: s.create_ms_last,
+        })
+    }
+
     fn control(&mut self, req: Request) -> Result<Reply, Refusal> {
         match req {
             Request::Register { .. } => Err(Refusal::new(RefusalKind::Internal, "registration sent the wrong way")),
             Request::Unregister { name } => self.unregister(&name),
-            Request::Status => Ok(Reply::Status { functions: self.shared.status() }),
+            Request::Status => Ok(Reply::Status { functions: self.shared.status(), pool: self.pool_status() }),
             Request::Trace { function, limit } => Ok(self.trace(function.as_deref(), limit as usize)),
             Request::Logs { function, lines, after } => self.read_log(&function, lines, after),
         }

@@ -333,7 +333,7 @@ fn status(c: &mut TcpStream) -> Result<Vec<Running>, ControlError> {
     let answer = roundtrip(c, &Request::Status, &[]);
     limit(c, None)?;
     match answer? {
-        Reply::Status { functions } => Ok(functions
+        Reply::Status { functions, .. } => Ok(functions
             .into_iter()
             .map(|f| Running { name: f.name, spec: f.spec, since_ms: now.saturating_sub(f.age_ms) })
             .collect()),

@@ -68,7 +68,8 @@ pub fn asset(path: &str) -> Option<Response<Full<Bytes>>> {
 pub async fn snapshot(sh: &Arc<GwShared>) -> Value {
     let mut functions: Map<String, Value> =
         sh.metrics.snapshot().into_iter().map(|(k, mut v)| (k, std::mem::take(&mut v))).collect();
-    for (engine, f) in engine_status(sh).await {
+    let status = engine_status(sh).await;
+    for (engine, f) in status.functions {
         let entry = functions.entry(f.name.clone()).or_insert_with(|| json!({}));
         let live = json!({
             "engine": engine, "runtime": f.runtime, "tau": f.scheduler.tau,
@@ -85,7 +86,10 @@ pub async fn snapshot(sh: &Arc<GwShared>) -> Value {
         .engines
         .rows()
         .into_iter()
-        .map(|e| json!({"id": e.id, "state": e.state, "in_flight": e.in_flight, "calls": e.calls}))
+        .map(|e| {
+            let pool = status.pools.iter().find(|(id, _)| *id == e.id).map(|(_, p)| p);
+            json!({"id": e.id, "state": e.state, "in_flight": e.in_flight, "calls": e.calls, "pool": pool})
+        })
         .collect();
     let recent = to_all_traces(sh, None, RECENT).await;
     json!({

@@ -137,16 +137,25 @@ pub(crate) async fn handle(
     }
 }
 
-/// Each engine's state of each function it runs, asked for now: (engine
-/// id, status). An engine that does not answer is left out.
-pub(crate) async fn engine_status(sh: &GwShared) -> Vec<(String, ctl::FunctionStatus)> {
-    let mut rows = Vec::new();
+/// What the engines said of themselves, asked for now; an engine that
+/// does not answer is left out.
+#[derive(Default)]
+pub(crate) struct EngineStatus {
+    /// (engine id, the state of a function it runs).
+    pub functions: Vec<(String, ctl::FunctionStatus)>,
+    /// (engine id, its isolation pool), for engines with containers.
+    pub pools: Vec<(String, ctl::PoolStatus)>,
+}
+
+pub(crate) async fn engine_status(sh: &GwShared) -> EngineStatus {
+    let mut out = EngineStatus::default();
     for (e, answer) in to_all(sh, ctl::Request::Status, Vec::new()).await {
-        if let Ok(ctl::Reply::Status { functions }) = answer {
-            rows.extend(functions.into_iter().map(|f| (e.id.clone(), f)));
+        if let Ok(ctl::Reply::Status { functions, pool }) = answer {
+            out.functions.extend(functions.into_iter().map(|f| (e.id.clone(), f)));
+            out.pools.extend(pool.map(|p| (e.id.clone(), p)));
         }
     }
-    rows
+    out
 }
 
 /// The latest calls each engine recorded (`limit` from each), with the
@@ -178,7 +187,32 @@ async fn metrics(sh: &Arc<GwShared>) -> String {
     for e in sh.engines.rows() {
         let _ = writeln!(s, "staccato_engine_up{{engine=\"{}\"}} {}", e.id, u8::from(e.state == "ready"));
     }
-    let rows = engine_status(sh).await;
+    let status = engine_status(sh).await;
+    type PoolFigure = (&'static str, &'static str, &'static str, fn(&ctl::PoolStatus) -> f64);
+    let pool: [PoolFigure; 6] = [
+        ("staccato_pool_idle", "gauge", "Containers ready in the engine's isolation pool.", |p| p.idle as f64),
+        ("staccato_pool_target", "gauge", "Containers the pool keeps ready.", |p| p.target as f64),
+        ("staccato_pool_created_total", "counter", "Containers the pool made (refills and misses).", |p| {
+            p.created as f64
+        }),
+        ("staccato_pool_reused_total", "counter", "Containers given back, cleaned and made ready again.", |p| {
+            p.reused as f64
+        }),
+        ("staccato_pool_destroyed_total", "counter", "Containers destroyed.", |p| p.destroyed as f64),
+        (
+            "staccato_pool_misses_total",
+            "counter",
+            "Functions that found the pool empty and waited for a container.",
+            |p| p.misses as f64,
+        ),
+    ];
+    for (name, kind, help, value) in pool {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (engine, p) in &status.pools {
+            let _ = writeln!(s, "{name}{{engine=\"{engine}\"}} {}", value(p));
+        }
+    }
+    let rows = status.functions;
     type Gauge = (&'static str, &'static str, fn(&ctl::FunctionStatus) -> f64);
     let gauges: [Gauge; 6] = [
         ("staccato_tau", "The concurrency hint τ (Nightcore §3.3).", |f| f64::from(f.scheduler.tau)),
@@ -594,12 +628,7 @@ async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
     };
     // Each function's status on each engine that runs it; without engines,
     // the stored functions are listed with no status.
-    let mut live: Vec<(String, ctl::FunctionStatus)> = Vec::new();
-    for (e, answer) in to_all(sh, ctl::Request::Status, Vec::new()).await {
-        if let Ok(ctl::Reply::Status { functions }) = answer {
-            live.extend(functions.into_iter().map(|f| (e.id.clone(), f)));
-        }
-    }
+    let live = engine_status(sh).await.functions;
     let mut out = Vec::new();
     for s in specs.iter().filter(|s| one.is_none_or(|n| n == s.name)) {
         let on: Vec<&(String, ctl::FunctionStatus)> = live.iter().filter(|(_, f)| f.name == s.name).collect();

@@ -101,7 +101,10 @@ function render(snap) {
   const etbody = document.querySelector("#engines tbody");
   etbody.replaceChildren(...snap.engines.map((e) => el("tr", { "data-engine": e.id },
     el("td", {}, e.id), el("td", { class: "state" }, e.state),
-    el("td", {}, String(e.in_flight)), el("td", {}, String(e.calls)))));
+    el("td", {}, String(e.in_flight)), el("td", {}, String(e.calls)),
+    el("td", { class: "pool" }, e.pool ? `${e.pool.idle} / ${e.pool.target}` : "no containers"),
+    el("td", {}, e.pool ? String(e.pool.created) : "–"),
+    el("td", {}, e.pool ? String(e.pool.misses) : "–"))));
 
   renderRecent(snap.recent || []);
 }
