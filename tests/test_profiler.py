@@ -24,7 +24,7 @@ def test_faasprofiler_listing1_runs_unchanged(tmp_path):
         for f in ("faasprofiler-sample.json", "MonitoringScript.sh"):
             shutil.copy(WORKLOADS / f, work / f)
         (home / "image.jpg").write_bytes(os.urandom(50_000))  # the config's "~/image.jpg"
-        env = clean_env(STACCATO_GATEWAY=srv.gateway, HOME=str(home))
+        env = clean_env(STACCATO_GATEWAY=srv.gateway, STACCATO_TOKEN=srv.token, HOME=str(home))
         p = subprocess.run([str(BIN), "bench", "run", "faasprofiler-sample.json", "--out", str(work / "run")],
                            cwd=work, env=env, capture_output=True, text=True, timeout=180)
         assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
@@ -54,7 +54,26 @@ def test_faasprofiler_listing1_runs_unchanged(tmp_path):
     run_json = json.loads((run / "run.json").read_text())
     assert run_json["config"] == json.loads((WORKLOADS / "faasprofiler-sample.json").read_text())
     assert summary and analysis
-    for png in ("latency_over_time.png", "percentile_spectrum.png"):
+    # The server's side: what each function's processes used over the run,
+    # per call the engines ran; hardware counters said to be missing on a
+    # host that has none, never shown as zeros.
+    server = json.loads((run / "server.json").read_text())
+    assert server["available"], server
+    for fn, n_requests in (("function0", len(per["instance0"]) + len(per["instance1"])),
+                           ("function1", len(per["instance2"]))):
+        f = server["functions"][fn]
+        assert f["calls"] >= n_requests, (fn, f, n_requests)
+        assert f["cpu_ms"] > 0 and f["cpu_us_per_call"] > 0, (fn, f)
+        assert f["voluntary_switches"] + f["involuntary_switches"] > 0, (fn, f)
+        a = analysis["server"]["functions"][fn]
+        assert a["external_warm"] + a["external_cold"] == n_requests, (fn, a, n_requests)
+    hw = server["hardware_counters"]
+    perf = subprocess.run(["perf", "stat", "-x", ",", "-e", "cycles,instructions", "true"],
+                          capture_output=True, text=True) if shutil.which("perf") else None
+    if perf is None or "<not supported>" in perf.stderr or perf.returncode != 0:
+        assert hw["available"] is False and hw["why"], hw
+    assert "server_cpu_per_call.png" in analysis["files"]
+    for png in ("latency_over_time.png", "percentile_spectrum.png", "server_cpu_per_call.png"):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (run / "invocations.csv").read_text().startswith("call_id,parent_call_id,function")
     # perf_monitoring.runtime_script ran beside the config, given the test's

@@ -5,6 +5,8 @@ import math
 import os
 import time
 
+import numpy as np
+
 from . import plots
 from . import stats as S
 
@@ -60,10 +62,31 @@ def analysis(run):
         doc["slo"] = {"percentile": float(slo["percentile"]), "max_ms": float(slo["max_ms"]),
                       "latency_ms": None if math.isinf(v) else S._f(v),
                       "met": bool(v <= float(slo["max_ms"]))}
+    doc["server"] = server_side(run)
     lag = doc["overall"]["send_lag_p99_ms"]
     if lag is not None and lag > SEND_LAG_WARN_MS:
         doc["warnings"].append(f"send lag p99 {lag:.3f} ms > {SEND_LAG_WARN_MS:g} ms: {BOTTLENECK}")
     return doc
+
+
+def server_side(run):
+    """The engines' view of each function over the run (server.json), with
+    the run's external calls of it split warm and cold; None without one."""
+    srv = run.server
+    if not srv:
+        return None
+    if not srv.get("available"):
+        return {"available": False, "why": srv.get("why")}
+    req = run.req
+    measured = ~req["warmup"] & (req["error"] == "")
+    cold = measured & (np.nan_to_num(req["cold_ms"], nan=0.0) > 0)
+    functions = {}
+    for name, f in sorted(srv.get("functions", {}).items()):
+        mine = req["application"] == name
+        functions[name] = dict(f, external_warm=int((measured & mine & ~cold).sum()),
+                               external_cold=int((cold & mine).sum()))
+    return {"available": True, "how": srv.get("how"), "functions": functions,
+            "hardware_counters": srv.get("hardware_counters")}
 
 
 # --------------------------------------------------------------------------- text
@@ -138,6 +161,23 @@ def report(doc):
         s = doc["slo"]
         add(f"SLO p{s['percentile']:g} <= {s['max_ms']:g} ms: {'met' if s['met'] else 'MISSED'}"
             f" (p{s['percentile']:g} = {fmt(s['latency_ms']) if s['latency_ms'] is not None else 'inf'} ms)")
+    srv = doc.get("server")
+    if srv and srv["available"]:
+        add("")
+        add("Server side (each function's processes, from its engines, over the run; calls include internal ones)")
+        cols = ["calls", "CPU ms", "CPU us/call", "wait us/call", "switches/call", "ext. warm", "ext. cold"]
+        nw = max(12, *(len(n) + 2 for n in srv["functions"] or ["x"]))
+        add(f"  {'function':<{nw}}" + "".join(f"{c:>14}" for c in cols))
+        for n, f in srv["functions"].items():
+            v = [f["calls"], fmt(f["cpu_ms"], 1), fmt(f["cpu_us_per_call"], 1), fmt(f["run_delay_us_per_call"], 1),
+                 fmt(f["switches_per_call"], 2), f["external_warm"], f["external_cold"]]
+            add(f"  {n:<{nw}}" + "".join(f"{x:>14}" for x in v))
+        hw = srv.get("hardware_counters") or {}
+        add("  hardware counters (IPC, cache misses): " + (
+            "available" if hw.get("available") else "not available") + (f" ({hw['why']})" if hw.get("why") else ""))
+    elif srv:
+        add("")
+        add(f"Server side: not available ({srv.get('why')})")
     for wline in doc["warnings"]:
         add(f"WARNING: {wline}")
     return "\n".join(lines)
@@ -151,6 +191,9 @@ def analyze(run_dir, quiet=False):
     plots.latency_over_time(run, os.path.join(run.dir, "latency_over_time.png"))
     plots.percentile_spectrum(run, os.path.join(run.dir, "percentile_spectrum.png"))
     files = ["analysis.json", "latency_over_time.png", "percentile_spectrum.png"]
+    if doc["server"] and doc["server"]["available"] and doc["server"]["functions"]:
+        plots.server_cpu(run.name, doc["server"], os.path.join(run.dir, "server_cpu_per_call.png"))
+        files.append("server_cpu_per_call.png")
     if run.is_sweep():
         plots.latency_vs_load(run, S.phase_table(run, run.config.get("slo")), run.config.get("slo"),
                               os.path.join(run.dir, "latency_vs_load.png"))

@@ -197,3 +197,39 @@ def _finite_range(ax):
 
 def finite(x):
     return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def server_cpu(name, server, path):
+    """Per function: CPU time per call of its processes (and time they
+    waited for a CPU), beside how many of the run's external calls of it
+    were warm and cold. CPU is counted per process, so a cold call's share
+    cannot be told from a warm one's: the right panel shows how many of
+    each the CPU figure covers."""
+    fns = list(server["functions"])
+    f = server["functions"]
+    cpu = [f[n]["cpu_us_per_call"] or 0.0 for n in fns]
+    wait = [f[n]["run_delay_us_per_call"] or 0.0 for n in fns]
+    warm = [f[n]["external_warm"] for n in fns]
+    cold = [f[n]["external_cold"] for n in fns]
+    y = np.arange(len(fns))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.45 * len(fns)), sharey=True,
+                               gridspec_kw={"width_ratios": [2, 1]})
+    a.barh(y, cpu, color="#2ca02c", label="on a CPU")
+    a.barh(y, wait, left=cpu, color="#ff7f0e", alpha=0.7, label="waiting for a CPU")
+    a.set_yticks(y, fns)
+    a.invert_yaxis()
+    a.set_xlabel("µs per call (all calls the engines ran)")
+    a.set_title(f"{name}: each function's processes, server side", fontsize=10)
+    a.legend(fontsize=8)
+    a.grid(axis="x", alpha=0.3)
+    b.barh(y, warm, color="#9ecae1", label="warm")
+    b.barh(y, cold, left=warm, color="#d62728", label="cold")
+    b.set_xlabel("external calls in the run")
+    b.set_title("warm vs cold", fontsize=10)
+    b.legend(fontsize=8)
+    b.grid(axis="x", alpha=0.3)
+    hw = server.get("hardware_counters") or {}
+    if not hw.get("available"):
+        fig.text(0.01, 0.01, "hardware counters (IPC, cache misses): not available" +
+                 (f" — {hw['why']}" if hw.get("why") else ""), fontsize=7, color="#555")
+    _save(fig, path)

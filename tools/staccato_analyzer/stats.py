@@ -126,6 +126,12 @@ class Run:
         self.invocations = load_invocations(os.path.join(self.dir, "invocations.csv"))
         self.n = len(self.req["instance"])
         self.cells = build_cells(self.meta, self.req)
+        # The server's side (bench run's server.json), when the run has it.
+        server = os.path.join(self.dir, "server.json")
+        self.server = None
+        if os.path.exists(server):
+            with open(server) as f:
+                self.server = json.load(f)
 
     @property
     def name(self):

@@ -173,6 +173,24 @@ pub struct FunctionStatus {
     pub completed: u64,
     pub failed: u64,
     pub scheduler: SchedulerStatus,
+    /// What its processes have used, read from the kernel now: the
+    /// processes alive (a worker that exited took its share with it).
+    #[serde(default)]
+    pub usage: Option<ProcessUsage>,
+}
+
+/// CPU and scheduling of a function's processes (all their threads),
+/// cumulative since each started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessUsage {
+    /// Nanoseconds on a CPU.
+    pub cpu_ns: u64,
+    /// Nanoseconds runnable but waiting for a CPU.
+    pub run_delay_ns: u64,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+    pub processes: u32,
+    pub threads: u32,
 }
 
 /// An engine's isolation pool (Nuka §III.A): containers ready, the size it

@@ -825,13 +825,22 @@ impl Shared {
             .iter()
             .map(|f| {
                 let core = f.lock_core();
+                // Whose CPU to read, found under the lock, read after it.
+                let container_of = core.launcher.container.clone();
+                let mut pids: Vec<u32> = Vec::new();
+                if container_of.is_none() {
+                    pids.extend((core.launcher.pid != 0).then_some(core.launcher.pid));
+                    pids.extend(core.workers.values().map(|w| w.pid).filter(|p| *p != 0));
+                    pids.sort_unstable();
+                    pids.dedup();
+                }
                 let container = core.launcher.container.as_ref().map(|c| ContainerStatus {
                     id: c.id.clone(),
                     uid: c.uid,
                     paused: core.frozen_at.is_some(),
                     network: c.net.as_ref().map(|n| n.ns_ip.to_string()),
                 });
-                FunctionStatus {
+                let mut status = FunctionStatus {
                     name: f.spec.name.clone(),
                     spec: f.fingerprint.clone(),
                     age_ms: f.registered.elapsed().as_millis() as u64,
@@ -842,7 +851,23 @@ impl Shared {
                     completed: core.completed,
                     failed: core.failed,
                     scheduler: core.sched.status(now),
-                }
+                    usage: None,
+                };
+                drop(core);
+                let pids = match container_of {
+                    Some(c) => c.pids(),
+                    None => pids,
+                };
+                let u = sys::process::usage(&pids);
+                status.usage = Some(api::control::ProcessUsage {
+                    cpu_ns: u.cpu_ns,
+                    run_delay_ns: u.run_delay_ns,
+                    voluntary_switches: u.voluntary_switches,
+                    involuntary_switches: u.involuntary_switches,
+                    processes: u.processes,
+                    threads: u.threads,
+                });
+                status
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));

@@ -35,6 +35,7 @@ pub mod stats;
 
 use config::{Body, Config};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -103,6 +104,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
     };
     let template_of = template_of_arrivals(&arrivals, &template_of, &cfg);
     let plan = sender::Plan { arrivals: &arrivals, templates, template_of };
+    let usage_before = server_usage(&base_url, opts.token.as_deref());
     let sopts = sender::Options {
         max_connections: opts.max_connections.max(1),
         end_ns: (cfg.total_duration_s() * 1e9) as u64,
@@ -115,6 +117,8 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
     }
     let rows = record::rows(&cfg, &arrivals, &outcomes?);
     record::write_requests(&dir.join("requests.csv"), &cfg, &rows).map_err(io("writing requests.csv"))?;
+    let usage_after = server_usage(&base_url, opts.token.as_deref());
+    write_json(&dir.join("server.json"), &server_profile(usage_before, usage_after))?;
     let traces = fetch_traces(&base_url, opts.token.as_deref());
     if traces.is_none() {
         eprintln!("note: no Staccato trace endpoint at {base_url}/system/trace; invocations.csv has only its header");
@@ -231,28 +235,123 @@ fn stop_script(mut child: Child) {
 
 /// `GET {base_url}/system/trace?limit=4096`, best effort: None when absent.
 pub fn fetch_traces(base_url: &str, token: Option<&str>) -> Option<Vec<Value>> {
+    match get_json(base_url, "/system/trace?limit=4096", token)? {
+        Value::Array(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// A management GET of Staccato's gateway at `base_url`: its JSON, or
+/// None when there is no such gateway (or it said no).
+fn get_json(base_url: &str, path: &str, token: Option<&str>) -> Option<Value> {
     let url = http::parse_url(base_url).ok()?;
     let mut s = std::net::TcpStream::connect_timeout(&url.addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(
-        s,
-        "GET {}/system/trace?limit=4096 HTTP/1.1\r\nHost: {}\r\n{auth}Connection: close\r\n\r\n",
-        url.path, url.host
-    )
-    .ok()?;
+    write!(s, "GET {}{path} HTTP/1.1\r\nHost: {}\r\n{auth}Connection: close\r\n\r\n", url.path, url.host).ok()?;
+    // Read until the response is whole (a server may keep the connection
+    // open whatever `Connection: close` said), or it ends.
     let mut buf = Vec::new();
-    s.read_to_end(&mut buf).ok()?;
+    let mut chunk = [0u8; 16 << 10];
+    let resp = loop {
+        if let Ok(Some((resp, _))) = http::parse_response(&buf) {
+            break resp;
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => break http::parse_response(&buf).ok().flatten().unwrap_or_default().0,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => return None,
+        }
+    };
     let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
     if !buf.starts_with(b"HTTP/1.1 200") {
         return None;
     }
-    let (resp, _) = http::parse_response(&buf).ok().flatten().unwrap_or_default();
     let body = &buf[head_end + 4..];
     let body = if resp.bytes_in > 0 && resp.bytes_in <= body.len() { &body[..resp.bytes_in] } else { body };
-    match serde_json::from_slice(body).ok()? {
-        Value::Array(v) => Some(v),
-        _ => None,
+    serde_json::from_slice(body).ok()
+}
+
+/// Each function's processes as the engines see them now (summed over
+/// engines): CPU and scheduling figures, and calls run.
+fn server_usage(base_url: &str, token: Option<&str>) -> Option<BTreeMap<String, [u64; 6]>> {
+    let list = get_json(base_url, "/system/functions", token)?;
+    let mut out = BTreeMap::new();
+    for f in list.as_array()? {
+        let name = f["name"].as_str().unwrap_or_default().to_string();
+        let mut sum = [0u64; 6];
+        for e in f["by_engine"].as_array().into_iter().flatten() {
+            let st = &e["status"];
+            let u = &st["usage"];
+            let fig = [
+                &u["cpu_ns"],
+                &u["run_delay_ns"],
+                &u["voluntary_switches"],
+                &u["involuntary_switches"],
+                &st["completed"],
+                &st["failed"],
+            ];
+            for (s, v) in sum.iter_mut().zip(fig) {
+                *s += v.as_u64().unwrap_or(0);
+            }
+        }
+        out.insert(name, sum);
+    }
+    Some(out)
+}
+
+/// The server's side of the run (`server.json`): per function, what its
+/// processes used between the two readings and per call the engines ran
+/// (internal calls too), and whether hardware counters can be read here.
+fn server_profile(before: Option<BTreeMap<String, [u64; 6]>>, after: Option<BTreeMap<String, [u64; 6]>>) -> Value {
+    let (Some(before), Some(after)) = (before, after) else {
+        return json!({"available": false, "why": "no Staccato gateway answered GET /system/functions"});
+    };
+    let mut functions = serde_json::Map::new();
+    for (name, a) in &after {
+        let b = before.get(name).copied().unwrap_or_default();
+        let d: Vec<u64> = a.iter().zip(b).map(|(x, y)| x.saturating_sub(y)).collect();
+        let calls = d[4] + d[5];
+        if calls == 0 {
+            continue; // not part of this run (idle workers' spinning aside)
+        }
+        let per = |x: u64, scale: f64| if calls > 0 { json!(x as f64 / scale / calls as f64) } else { Value::Null };
+        functions.insert(
+            name.clone(),
+            json!({
+                "calls": calls, "failed": d[5],
+                "cpu_ms": d[0] as f64 / 1e6, "run_delay_ms": d[1] as f64 / 1e6,
+                "voluntary_switches": d[2], "involuntary_switches": d[3],
+                "cpu_us_per_call": per(d[0], 1e3), "run_delay_us_per_call": per(d[1], 1e3),
+                "switches_per_call": per(d[2] + d[3], 1.0),
+            }),
+        );
+    }
+    json!({
+        "available": true,
+        "how": "each function's processes, all threads, read from /proc (schedstat, status) by its engines before \
+                and after the run; calls are every call the engines ran (internal ones too); a process that \
+                exited during the run took its share with it",
+        "functions": functions,
+        "hardware_counters": hardware_counters(),
+    })
+}
+
+/// Whether this host lets `perf` count cycles and instructions (a VM
+/// often does not): what the report says instead of showing zeros.
+fn hardware_counters() -> Value {
+    let out =
+        std::process::Command::new("perf").args(["stat", "-x", ",", "-e", "cycles,instructions", "true"]).output();
+    match out {
+        Err(e) => json!({"available": false, "why": format!("perf cannot run here: {e}")}),
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stderr);
+            if text.contains("<not supported>") || text.contains("<not counted>") || !o.status.success() {
+                json!({"available": false, "why": "perf stat reports cycles and instructions as not supported on this host"})
+            } else {
+                json!({"available": true, "why": "supported by this host, not collected by this version of bench run"})
+            }
+        }
     }
 }
 

@@ -44,6 +44,11 @@ fn handle(s: TcpStream, ids: &AtomicU64) {
         }
         let mut body = vec![0; len];
         r.read_exact(&mut body).unwrap();
+        if path.starts_with("/system/functions") {
+            // No function has used anything: the server's side is empty.
+            write!(w, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]").unwrap();
+            continue;
+        }
         if path.starts_with("/system/trace") {
             let n = ids.load(Ordering::SeqCst);
             let mut t: Vec<Value> = (1..=n)
@@ -140,6 +145,11 @@ fn a_run_writes_the_records() {
     assert!(inv.iter().any(|l| l.starts_with("ffff000000000001,0000000000000001,g,")));
     assert!(inv.iter().any(|l| l.ends_with(",0.002,0.003,ok")));
 
+    let server: Value = serde_json::from_str(&std::fs::read_to_string(out.join("server.json")).unwrap()).unwrap();
+    assert_eq!(
+        (server["available"].as_bool(), server["functions"].as_object().map(|m| m.len())),
+        (Some(true), Some(0))
+    );
     assert!(dir.join("monitor.txt").exists(), "runtime_script ran in the config's directory");
     let post = std::fs::read_to_string(out.join("post.txt")).unwrap();
     assert!(post.trim().ends_with("out"), "post_script got the run directory: {post}");

@@ -177,3 +177,29 @@ def test_missing_invocations_and_phases(tmp_path):
     doc = A.analyze(str(d), quiet=True)
     assert doc["invocations"] == 0
     assert doc["instances"]["fast"]["offered_rate"] == pytest.approx(10)
+
+
+def test_server_side_is_reported_and_missing_counters_are_said(tmp_path):
+    d = str(tmp_path / "run")
+    rows = synth.make_run(d)
+    # server.json as bench run writes it: function0 ran 200 calls in 50 ms of CPU.
+    with open(os.path.join(d, "server.json"), "w") as f:
+        json.dump({"available": True, "how": "test", "functions": {"function0": {
+            "calls": 200, "failed": 0, "cpu_ms": 50.0, "run_delay_ms": 2.0, "voluntary_switches": 300,
+            "involuntary_switches": 100, "cpu_us_per_call": 250.0, "run_delay_us_per_call": 10.0,
+            "switches_per_call": 2.0}},
+            "hardware_counters": {"available": False, "why": "not supported here"}}, f)
+    out = _run_cli("analyze", d)
+    assert "Server side" in out and "hardware counters (IPC, cache misses): not available (not supported here)" in out
+    line = next(l for l in out.splitlines() if l.strip().startswith("function0") and "250.0" in l)
+    doc = json.load(open(os.path.join(d, "analysis.json")))
+    f0 = doc["server"]["functions"]["function0"]
+    ok = [r for r in measured(rows) if r["error"] == "" and r["application"] == "function0"]
+    cold = [r for r in ok if float(r["cold_ms"] or 0) > 0]
+    assert (f0["external_warm"], f0["external_cold"]) == (len(ok) - len(cold), len(cold)), line
+    _png_ok(os.path.join(d, "server_cpu_per_call.png"))
+    # Without a gateway to ask: said so, no plot.
+    with open(os.path.join(d, "server.json"), "w") as f:
+        json.dump({"available": False, "why": "no Staccato gateway answered"}, f)
+    out = _run_cli("analyze", d)
+    assert "Server side: not available (no Staccato gateway answered)" in out
