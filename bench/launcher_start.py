@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--starts", type=int, default=7)
     ap.add_argument("--gap-ms", type=float, default=0, help="wait after the hello and between workers")
     ap.add_argument("--node-arg", action="append", default=[])
+    ap.add_argument("--launcher", help="another Node.js launcher file to start (an A/B of a change to it)")
     a = ap.parse_args()
     rows = []
     for _ in range(a.starts):
@@ -59,17 +60,18 @@ def main():
         env = dict(os.environ, STACCATO_FUNCTION="ls", STACCATO_IPC_DIR=d)
         if a.runtime == "node":
             env["STACCATO_HANDLER"] = "bench.mjs:nop"
-            argv = ["node", *a.node_arg, str(ROOT / "runtimes" / "node" / "launcher.mjs")]
+            argv = ["node", *a.node_arg, a.launcher or str(ROOT / "runtimes" / "node" / "launcher.mjs")]
             cwd = ROOT / "bench" / "functions" / "node"
         else:
             env["STACCATO_HANDLER"] = "bench_py:nop"
             env["PYTHONPATH"] = str(ROOT / "runtimes" / "python")
             argv = [sys.executable, "-m", "staccato.launcher"]
             cwd = ROOT / "bench" / "functions" / "python"
+        started = time.monotonic_ns()
         p = subprocess.Popen(argv, cwd=cwd, env=env)
         try:
             recv(rx0)
-            row = []
+            row = [(time.monotonic_ns() - started) // 1000]
             for w in (1, 2, 3):
                 time.sleep(a.gap_ms / 1000)
                 _, rx = channel(d, w)
@@ -78,12 +80,13 @@ def main():
                 recv(rx)
                 row.append((time.monotonic_ns() - t0) // 1000)
             rows.append(row)
-            print("workers ready in µs:", row, flush=True)
+            print("hello, then workers ready, in µs:", row, flush=True)
         finally:
             p.kill()
             p.wait()
             shutil.rmtree(d, ignore_errors=True)
-    print("median µs, 1st / 2nd / 3rd worker:", " / ".join(str(statistics.median(r[i] for r in rows)) for i in range(3)))
+    print("median µs, launcher hello (from spawn) / 1st / 2nd / 3rd worker:",
+          " / ".join(str(statistics.median(r[i] for r in rows)) for i in range(4)))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,17 @@ import { existsSync, writeSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { inspect } from 'node:util';
+import { setFlagsFromString } from 'node:v8';
 
-import { Runtime, logRuntime, openFifos } from './runtime.mjs';
+// The runtime's own modules are compiled whole as they load, not function
+// by function on first use: the first worker's path (CreateWorker ->
+// WorkerHello) otherwise compiles a few dozen functions while the engine
+// waits (BENCHMARKS.md, "Worker start"). Lazy compilation is back on before
+// the handler loads, so a function's own code and dependencies are not
+// compiled eagerly.
+setFlagsFromString('--no-lazy');
+const { Runtime, logRuntime, openFifos } = await import('./runtime.mjs');
+setFlagsFromString('--lazy');
 
 const DEFAULT_HANDLER = 'handler.mjs:handle';
 const DEFAULT_PAYLOAD_MAX = 6 << 20;
