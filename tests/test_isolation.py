@@ -105,13 +105,20 @@ def test_python_runs_on_the_engines_interpreter_with_its_own_libraries(iso):
     host = json.loads(subprocess.run(
         ["python3", "-c", "import json, sys, sysconfig, importlib.util as u; print(json.dumps(["
          "sys.version.split()[0], bool(sysconfig.get_config_var('Py_ENABLE_SHARED')),"
-         "u.find_spec('uvloop') is not None]))"],
+         "u.find_spec('uvloop') is not None, u.find_spec('numpy') is not None]))"],
         check=True, capture_output=True, text=True).stdout)
-    version, shared, uvloop = host
+    version, shared, uvloop, numpy = host
     assert out["python_version"] == version, out
     if shared:
         assert out["libpython"] and all(p.startswith("/staccato/python/") for p in out["libpython"]), out
     assert out["event_loop"].startswith("uvloop" if uvloop else "asyncio"), out
+    # The interpreter's site-packages stay out of a function's path: what it
+    # imports is the standard library, the runtime and its own dependencies
+    # (uvloop alone is lent to the runtime), not whatever the host installed.
+    assert numpy, "setup installs numpy for the host's python3: the check below would prove nothing"
+    assert out["numpy"] is False, out
+    # A deployer's LD_LIBRARY_PATH comes after the interpreter's own library.
+    assert out["ld_library_path"] == ("/staccato/python/lib:/opt/mine" if shared else "/opt/mine"), out
 
 
 def nice_of(pid):

@@ -44,6 +44,10 @@ pub enum Request {
     Unregister { name: String },
     /// Every function the engine runs, and how.
     Status,
+    /// [`Request::Status`] with each function's process usage read from
+    /// the kernel (`FunctionStatus::usage`): more work, asked for only by
+    /// those that want it (`bench run`).
+    StatusWithUsage,
     /// A function's log: its last `lines` lines, or what was written after
     /// `after` (a cursor an earlier answer gave).
     Logs {
@@ -67,6 +71,7 @@ impl Request {
             Request::Register { .. } => "register",
             Request::Unregister { .. } => "unregister",
             Request::Status => "status",
+            Request::StatusWithUsage => "status with usage",
             Request::Logs { .. } => "logs",
             Request::Trace { .. } => "trace",
         }

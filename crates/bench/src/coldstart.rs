@@ -19,7 +19,9 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
-use engine::config::{CONTAINER_CODE, CONTAINER_DEPS, CONTAINER_IPC, CONTAINER_PYTHON, CONTAINER_RUNTIMES};
+use engine::config::{
+    CONTAINER_CODE, CONTAINER_DEPS, CONTAINER_IPC, CONTAINER_PYTHON, CONTAINER_RUNTIMES, CONTAINER_VENDOR,
+};
 use serde_json::{json, Value};
 use std::fs::{self, File};
 use std::os::unix::fs::chown;
@@ -177,6 +179,7 @@ impl Fx {
                     path.push_str(&format!(":{}", inside.display()));
                     mounts.push(sandbox::Mount { src: d.clone(), dst: inside, read_only: true, exec: false });
                 }
+                path.push_str(&format!(":{CONTAINER_VENDOR}"));
                 env.push(("PYTHONPATH".into(), path));
                 env.push(("STACCATO_HANDLER".into(), "handler:handle".into()));
                 if fork {
@@ -185,7 +188,8 @@ impl Fx {
                 env.extend(self.cc.python_env.iter().cloned());
                 let exe = self.cc.python_exe.strip_prefix(&self.cc.python_prefix).unwrap_or(Path::new("bin/python3"));
                 let python = Path::new(CONTAINER_PYTHON).join(exe);
-                vec![python.display().to_string(), "-u".into(), "-m".into(), "staccato.launcher".into()]
+                // As the engine starts it (code::launcher_command): without site.
+                vec![python.display().to_string(), "-S".into(), "-u".into(), "-m".into(), "staccato.launcher".into()]
             }
             Lang::C => {
                 env.push(("STACCATO_HANDLER".into(), format!("{CONTAINER_CODE}/handler.so")));

@@ -255,6 +255,11 @@ pub(crate) struct View {
     python: PathBuf,
     node: PathBuf,
     inherit_pythonpath: bool,
+    /// In a container: the interpreter runs without `site` (`-S`), so the
+    /// prefix's site-packages stay out of a function's path (it sees the
+    /// standard library, the runtime, its own dependencies), and the
+    /// runtime's one optional package (uvloop) comes from here.
+    isolated_site: Option<PathBuf>,
 }
 
 impl View {
@@ -266,6 +271,7 @@ impl View {
             python: cfg.python.clone().into(),
             node: "node".into(),
             inherit_pythonpath: true,
+            isolated_site: None,
         }
     }
 
@@ -283,6 +289,7 @@ impl View {
             // /usr is the host's, bound read-only.
             node: sandbox::which("node").unwrap_or_else(|| "/usr/bin/node".into()),
             inherit_pythonpath: false,
+            isolated_site: Some(crate::config::CONTAINER_VENDOR.into()),
         }
     }
 
@@ -315,11 +322,19 @@ pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, view: &V
     let mut cmd = match spec.runtime {
         Runtime::Python => {
             let mut cmd = Command::new(&view.python);
+            if view.isolated_site.is_some() {
+                cmd.arg("-S");
+            }
             cmd.args(["-u", "-m", "staccato.launcher"]);
             let mut path = view.runtimes.join("python").into_os_string();
             for d in &view.deps.python {
                 path.push(":");
                 path.push(d);
+            }
+            // After the function's own dependencies: its uvloop wins.
+            if let Some(v) = &view.isolated_site {
+                path.push(":");
+                path.push(v);
             }
             if let Some(old) = std::env::var_os("PYTHONPATH").filter(|_| view.inherit_pythonpath) {
                 path.push(":");

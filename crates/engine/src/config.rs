@@ -111,6 +111,9 @@ pub struct ContainerConfig {
 /// Where things are inside a function container.
 pub const CONTAINER_RUNTIMES: &str = "/staccato/runtimes";
 pub const CONTAINER_PYTHON: &str = "/staccato/python";
+/// The runtime's optional packages (uvloop), each bound alone from the
+/// interpreter's site-packages: a container's Python runs without `site`.
+pub const CONTAINER_VENDOR: &str = "/staccato/vendor";
 pub const CONTAINER_CODE: &str = "/code";
 pub const CONTAINER_IPC: &str = "/ipc";
 pub const CONTAINER_DEPS: &str = "/deps";
@@ -199,7 +202,9 @@ impl ContainerConfig {
             .map_err(|e| Unavailable::Failed(format!("running {python}: {e}")))?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let mut lines = text.lines();
-        let (Some(exe), Some(prefix), Some(libdir)) = (lines.next(), lines.next(), lines.next()) else {
+        let (Some(exe), Some(prefix), Some(libdir), Some(uvloop)) =
+            (lines.next(), lines.next(), lines.next(), lines.next())
+        else {
             let err = String::from_utf8_lossy(&out.stderr);
             return Err(Unavailable::Failed(format!("cannot ask {python} where it lives: {err}")));
         };
@@ -233,6 +238,9 @@ impl ContainerConfig {
             warm_python: None,
         };
         let mut sandbox = sandbox;
+        if !uvloop.is_empty() {
+            sandbox.binds.push((PathBuf::from(uvloop), Path::new(CONTAINER_VENDOR).join("uvloop")));
+        }
         // Every pooled container keeps a Python interpreter with the runtime
         // imported (runtimes/python/staccato/warm.py): Python functions then
         // start without paying for it; others have it killed first (~1 ms).
@@ -242,11 +250,12 @@ impl ContainerConfig {
             ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
             ("HOME".into(), "/tmp".into()),
             ("LANG".into(), "C.UTF-8".into()),
-            ("PYTHONPATH".into(), format!("{}/python", CONTAINER_RUNTIMES)),
+            ("PYTHONPATH".into(), format!("{CONTAINER_RUNTIMES}/python:{CONTAINER_VENDOR}")),
         ];
         warm_env.extend(python_env.iter().cloned());
         sandbox.warm_python = Some(sandbox::Command {
-            argv: vec![inside.display().to_string(), "-u".into(), "-m".into(), "staccato.warm".into()],
+            // -S: as launchers start (code::launcher_command), without site.
+            argv: vec![inside.display().to_string(), "-S".into(), "-u".into(), "-m".into(), "staccato.warm".into()],
             env: warm_env,
         });
         Ok(ContainerConfig {
@@ -264,12 +273,15 @@ impl ContainerConfig {
     }
 }
 
-/// Asks an interpreter for its executable, its prefix, and the directory
-/// of its shared libpython (an empty line for a static build).
-const PYTHON_WHERE: &str = "import sys, sysconfig\n\
+/// Asks an interpreter for its executable, its prefix, the directory of
+/// its shared libpython (an empty line for a static build), and uvloop's
+/// package directory (an empty line without it).
+const PYTHON_WHERE: &str = "import sys, sysconfig, importlib.util as u\n\
 print(sys.executable)\n\
 print(sys.base_prefix)\n\
-print(sysconfig.get_config_var('LIBDIR') if sysconfig.get_config_var('Py_ENABLE_SHARED') else '')";
+print(sysconfig.get_config_var('LIBDIR') if sysconfig.get_config_var('Py_ENABLE_SHARED') else '')\n\
+s = u.find_spec('uvloop')\n\
+print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')";
 
 /// The environment a container's interpreter (the prefix bound at
 /// [`CONTAINER_PYTHON`]) needs to load its own shared libpython: the

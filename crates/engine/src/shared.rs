@@ -817,7 +817,9 @@ impl Shared {
         }
     }
 
-    pub fn status(&self) -> Vec<api::control::FunctionStatus> {
+    /// Every function's state; with `usage`, its processes' CPU and
+    /// scheduling read from /proc too (after its lock is let go).
+    pub fn status(&self, usage: bool) -> Vec<api::control::FunctionStatus> {
         use api::control::{ContainerStatus, FunctionStatus};
         let now = sys::clock::monotonic_ns();
         let mut out: Vec<FunctionStatus> = self
@@ -854,6 +856,9 @@ impl Shared {
                     usage: None,
                 };
                 drop(core);
+                if !usage {
+                    return status;
+                }
                 let pids = match container_of {
                     Some(c) => c.pids(),
                     None => pids,

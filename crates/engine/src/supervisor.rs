@@ -140,7 +140,10 @@ impl Supervisor {
         match req {
             Request::Register { .. } => Err(Refusal::new(RefusalKind::Internal, "registration sent the wrong way")),
             Request::Unregister { name } => self.unregister(&name),
-            Request::Status => Ok(Reply::Status { functions: self.shared.status(), pool: self.pool_status() }),
+            Request::Status => Ok(Reply::Status { functions: self.shared.status(false), pool: self.pool_status() }),
+            Request::StatusWithUsage => {
+                Ok(Reply::Status { functions: self.shared.status(true), pool: self.pool_status() })
+            }
             Request::Trace { function, limit } => Ok(self.trace(function.as_deref(), limit as usize)),
             Request::Logs { function, lines, after } => self.read_log(&function, lines, after),
         }
@@ -794,7 +797,13 @@ fn spawn_in_container(
         ];
         env.extend(f.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         if f.spec.runtime == crate::spec::Runtime::Python {
-            env.extend(cc.python_env.iter().cloned());
+            // The interpreter's own library first; a deployer's path after it.
+            for (k, v) in &cc.python_env {
+                match env.iter_mut().find(|(name, _)| name == k) {
+                    Some((_, theirs)) => *theirs = format!("{v}:{theirs}"),
+                    None => env.push((k.clone(), v.clone())),
+                }
+            }
         }
         for (k, v) in cmd.get_envs() {
             if let Some(v) = v {

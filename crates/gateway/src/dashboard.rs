@@ -22,9 +22,11 @@ use serde_json::{json, Map, Value};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub type StreamResp = Response<UnsyncBoxBody<Bytes, Infallible>>;
 
@@ -63,12 +65,46 @@ pub fn asset(path: &str) -> Option<Response<Full<Bytes>>> {
     )
 }
 
+/// Streams open at once, on all threads: each asks the engines for their
+/// state once a second at most (the snapshot is shared, `Board`).
+const STREAMS_MAX: usize = 32;
+
+/// What the viewers share: the latest snapshot (one a second is taken,
+/// however many watch), and the streams open.
+#[derive(Default)]
+pub struct Board {
+    latest: Mutex<Option<(Instant, Arc<Value>)>>,
+    streams: AtomicUsize,
+}
+
+/// One open stream, counted while it lives.
+struct StreamSlot(Arc<GwShared>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.dashboard.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The latest snapshot if it is younger than a tick, else a new one.
+pub async fn shared_snapshot(sh: &Arc<GwShared>) -> Arc<Value> {
+    let fresh = PERIOD.mul_f32(0.9);
+    if let Some((at, v)) = sh.dashboard.latest.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if at.elapsed() < fresh {
+            return v.clone();
+        }
+    }
+    let v = Arc::new(snapshot(sh).await);
+    *sh.dashboard.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), v.clone()));
+    v
+}
+
 /// One snapshot: per function the gateway's counts and histograms and
 /// each engine's live state of it; the engines; the latest calls.
 pub async fn snapshot(sh: &Arc<GwShared>) -> Value {
     let mut functions: Map<String, Value> =
         sh.metrics.snapshot().into_iter().map(|(k, mut v)| (k, std::mem::take(&mut v))).collect();
-    let status = engine_status(sh).await;
+    let status = engine_status(sh, false).await;
     for (engine, f) in status.functions {
         let entry = functions.entry(f.name.clone()).or_insert_with(|| json!({}));
         let live = json!({
@@ -101,11 +137,19 @@ pub async fn snapshot(sh: &Arc<GwShared>) -> Value {
     })
 }
 
-/// A snapshot a second as `text/event-stream`, for [`STREAM_FOR`].
+/// A snapshot a second as `text/event-stream`, for [`STREAM_FOR`]; 503
+/// beyond [`STREAMS_MAX`] streams open.
 pub fn stream(sh: Arc<GwShared>) -> StreamResp {
+    if sh.dashboard.streams.fetch_add(1, Ordering::Relaxed) >= STREAMS_MAX {
+        sh.dashboard.streams.fetch_sub(1, Ordering::Relaxed);
+        let msg = format!("{STREAMS_MAX} dashboard streams are open already; close one");
+        return crate::http::error_resp(hyper::StatusCode::SERVICE_UNAVAILABLE, "overloaded", &msg, None)
+            .map(BodyExt::boxed_unsync);
+    }
     let mut tick = tokio::time::interval(PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let body = Events { sh, tick, next: None, ends: tokio::time::Instant::now() + STREAM_FOR };
+    let slot = StreamSlot(sh.clone());
+    let body = Events { sh, _slot: slot, tick, next: None, ends: tokio::time::Instant::now() + STREAM_FOR };
     Response::builder()
         .header(CONTENT_TYPE, "text/event-stream")
         .header(CACHE_CONTROL, "no-cache")
@@ -116,6 +160,7 @@ pub fn stream(sh: Arc<GwShared>) -> StreamResp {
 /// The stream's body: on each tick, a snapshot as one `data:` event.
 struct Events {
     sh: Arc<GwShared>,
+    _slot: StreamSlot,
     tick: tokio::time::Interval,
     next: Option<Pin<Box<dyn Future<Output = Bytes> + Send>>>,
     ends: tokio::time::Instant,
@@ -140,7 +185,7 @@ impl Body for Events {
             let sh = this.sh.clone();
             this.next = Some(Box::pin(async move {
                 // JSON has no raw newlines outside strings: one data line.
-                let v = snapshot(&sh).await;
+                let v = shared_snapshot(&sh).await;
                 Bytes::from(format!("data: {v}\n\n"))
             }));
         }

@@ -44,6 +44,12 @@ pub(crate) async fn serve(
         if let Some(refusal) = wrong_host(&sh, &req).or_else(|| refused_management(&sh, &req)) {
             return refusal.map(BodyExt::boxed_unsync);
         }
+        // The connections kept for management beyond the limit are for
+        // short requests: a stream would hold one for minutes.
+        if management_only {
+            let msg = "the gateway is at its connection limit; the dashboard's stream waits for a free connection";
+            return error_resp(StatusCode::SERVICE_UNAVAILABLE, "overloaded", msg, None).map(BodyExt::boxed_unsync);
+        }
         return crate::dashboard::stream(sh);
     }
     handle(sh, th, req, management_only).await.map(BodyExt::boxed_unsync)
@@ -147,9 +153,10 @@ pub(crate) struct EngineStatus {
     pub pools: Vec<(String, ctl::PoolStatus)>,
 }
 
-pub(crate) async fn engine_status(sh: &GwShared) -> EngineStatus {
+pub(crate) async fn engine_status(sh: &GwShared, usage: bool) -> EngineStatus {
     let mut out = EngineStatus::default();
-    for (e, answer) in to_all(sh, ctl::Request::Status, Vec::new()).await {
+    let req = if usage { ctl::Request::StatusWithUsage } else { ctl::Request::Status };
+    for (e, answer) in to_all(sh, req, Vec::new()).await {
         if let Ok(ctl::Reply::Status { functions, pool }) = answer {
             out.functions.extend(functions.into_iter().map(|f| (e.id.clone(), f)));
             out.pools.extend(pool.map(|p| (e.id.clone(), p)));
@@ -187,7 +194,7 @@ async fn metrics(sh: &Arc<GwShared>) -> String {
     for e in sh.engines.rows() {
         let _ = writeln!(s, "staccato_engine_up{{engine=\"{}\"}} {}", e.id, u8::from(e.state == "ready"));
     }
-    let status = engine_status(sh).await;
+    let status = engine_status(sh, false).await;
     type PoolFigure = (&'static str, &'static str, &'static str, fn(&ctl::PoolStatus) -> f64);
     let pool: [PoolFigure; 6] = [
         ("staccato_pool_idle", "gauge", "Containers ready in the engine's isolation pool.", |p| p.idle as f64),
@@ -424,8 +431,8 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
     let method = req.method().clone();
     let query = req.uri().query().unwrap_or("").to_string();
     match (&method, segs) {
-        (&Method::GET, ["functions"]) => list(sh, None).await,
-        (&Method::GET, ["functions", name]) => list(sh, Some(name)).await,
+        (&Method::GET, ["functions"]) => list(sh, None, wants_usage(&query)).await,
+        (&Method::GET, ["functions", name]) => list(sh, Some(name), wants_usage(&query)).await,
         (&Method::POST | &Method::PUT, ["functions"]) => {
             let ct = inputs::content_type(req.headers());
             if ct != "application/json" {
@@ -482,7 +489,7 @@ async fn system(sh: &Arc<GwShared>, req: Request<Incoming>, segs: &[&str]) -> Re
             let (function, limit) = inputs::trace_query(&query);
             json_resp(StatusCode::OK, &Value::Array(to_all_traces(sh, function, limit as u32).await))
         }
-        (&Method::GET, ["dashboard"]) => json_resp(StatusCode::OK, &crate::dashboard::snapshot(sh).await),
+        (&Method::GET, ["dashboard"]) => json_resp(StatusCode::OK, &*crate::dashboard::shared_snapshot(sh).await),
         (&Method::GET, ["dashboard", "stream"]) => {
             // Served by `serve` before routing; reached only through `handle` alone.
             error_resp(StatusCode::NOT_FOUND, "not_found", "GET /system/dashboard/stream is an event stream", None)
@@ -621,14 +628,19 @@ async fn to_engines(
     out
 }
 
-async fn list(sh: &GwShared, one: Option<&str>) -> Resp {
+/// `?usage=1`: each function's process usage too (`Request::StatusWithUsage`).
+fn wants_usage(query: &str) -> bool {
+    query.split('&').any(|kv| kv == "usage=1" || kv == "usage=true")
+}
+
+async fn list(sh: &GwShared, one: Option<&str>, usage: bool) -> Resp {
     let specs = match sh.store.list() {
         Ok(s) => s,
         Err(e) => return store_error(&e),
     };
     // Each function's status on each engine that runs it; without engines,
     // the stored functions are listed with no status.
-    let live = engine_status(sh).await.functions;
+    let live = engine_status(sh, usage).await.functions;
     let mut out = Vec::new();
     for s in specs.iter().filter(|s| one.is_none_or(|n| n == s.name)) {
         let on: Vec<&(String, ctl::FunctionStatus)> = live.iter().filter(|(_, f)| f.name == s.name).collect();

@@ -212,6 +212,8 @@ pub(crate) struct GwShared {
     pub keys: Arc<keys::Keys>,
     /// The asynchronous calls' queue.
     pub calls: Arc<calls::Calls>,
+    /// The dashboard's latest snapshot and its open streams.
+    pub dashboard: dashboard::Board,
 }
 
 /// Per-thread state: the thread's links to the engines and call id counter.
@@ -556,6 +558,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         connections: AtomicUsize::new(0),
         reserve: AtomicUsize::new(0),
         warned_full_s: AtomicU64::new(0),
+        dashboard: dashboard::Board::default(),
     });
     let cpus = sys::cpu::cpus_allowed();
     let mut listeners = vec![first];

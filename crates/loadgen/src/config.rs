@@ -686,12 +686,22 @@ fn lenient<T: DeserializeOwned>(doc: &Value) -> Result<(T, Vec<String>), Error> 
         let mut path = Vec::new();
         let msg = blame::<T>(&doc, &|v| v, &mut path).unwrap_or(e).to_string();
         let unknown = msg.strip_prefix("unknown field `").and_then(|m| m.split('`').next());
-        if unknown.is_some() && unknown == path.last().map(String::as_str) && remove_at(&mut doc, &path) {
+        // The key at the end of the path is the unknown one only if that
+        // level does not know it: an unknown key of a list item (which
+        // `blame` does not descend into) can share a known key's name.
+        let known_here = T::deserialize(nest(&path, Value::Null)).is_ok();
+        if unknown.is_some() && unknown == path.last().map(String::as_str) && !known_here && remove_at(&mut doc, &path)
+        {
             warnings.push(format!("{}; ignored, as FaaSProfiler ignores keys it does not know", describe(&path, &msg)));
             continue;
         }
         return Err(cfg(&describe(&path, &msg)));
     }
+}
+
+/// `{p0: {p1: ... {pn: leaf}}}`.
+fn nest(path: &[String], leaf: Value) -> Value {
+    path.iter().rev().fold(leaf, |inner, k| Value::Object(Map::from_iter([(k.clone(), inner)])))
 }
 
 /// Removes the key at `path` (object keys from the top); whether it was there.
@@ -920,6 +930,13 @@ mod tests {
             e.contains("test_duration_in_seconds is required (and: unknown field `test_duraton_in_seconds`"),
             "{e}"
         );
+        // An unknown key named like a known one, inside a list item: an
+        // error, and the instance's own `mix` is not taken for it.
+        let e = parse_err(
+            r#"{"test_name":"t","test_duration_in_seconds":10,
+                "instances":{"a":{"mix":[{"application":"f","mix":2}],"distribution":"Poisson","rate":1}}}"#,
+        );
+        assert!(e.contains("unknown field `mix`, expected `application` or `weight`"), "{e}");
         // Inside a list (`mix`, an extension) an unknown key stays an error.
         let e = parse_err(
             r#"{"test_name":"t","test_duration_in_seconds":10,

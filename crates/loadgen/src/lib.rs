@@ -275,7 +275,7 @@ fn get_json(base_url: &str, path: &str, token: Option<&str>) -> Option<Value> {
 /// Each function's processes as the engines see them now (summed over
 /// engines): CPU and scheduling figures, and calls run.
 fn server_usage(base_url: &str, token: Option<&str>) -> Option<BTreeMap<String, [u64; 6]>> {
-    let list = get_json(base_url, "/system/functions", token)?;
+    let list = get_json(base_url, "/system/functions?usage=1", token)?;
     let mut out = BTreeMap::new();
     for f in list.as_array()? {
         let name = f["name"].as_str().unwrap_or_default().to_string();
@@ -337,19 +337,24 @@ fn server_profile(before: Option<BTreeMap<String, [u64; 6]>>, after: Option<BTre
     })
 }
 
-/// Whether this host lets `perf` count cycles and instructions (a VM
-/// often does not): what the report says instead of showing zeros.
+/// Whether the host running `bench run` lets `perf` count cycles and
+/// instructions (a VM often does not): what the report says instead of
+/// showing zeros. It is this host's answer: a gateway elsewhere runs its
+/// functions on another.
 fn hardware_counters() -> Value {
     let out =
         std::process::Command::new("perf").args(["stat", "-x", ",", "-e", "cycles,instructions", "true"]).output();
     match out {
-        Err(e) => json!({"available": false, "why": format!("perf cannot run here: {e}")}),
+        Err(e) => json!({"available": false, "host": "the host running bench run",
+                         "why": format!("perf cannot run on the host running bench run: {e}")}),
         Ok(o) => {
             let text = String::from_utf8_lossy(&o.stderr);
             if text.contains("<not supported>") || text.contains("<not counted>") || !o.status.success() {
-                json!({"available": false, "why": "perf stat reports cycles and instructions as not supported on this host"})
+                json!({"available": false, "host": "the host running bench run",
+                       "why": "perf stat reports cycles and instructions as not supported on the host running bench run"})
             } else {
-                json!({"available": true, "why": "supported by this host, not collected by this version of bench run"})
+                json!({"available": true, "host": "the host running bench run",
+                       "why": "supported on the host running bench run, not collected by this version"})
             }
         }
     }

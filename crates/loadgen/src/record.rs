@@ -195,7 +195,8 @@ pub fn summary(cfg: &Config, rows: &[Row]) -> Value {
         } else {
             mine.len() as f64 / active_s.max(1e-9) // Trace: what the trace offers.
         };
-        for w in &ws {
+        // An empty window (it sends nothing) adds no time to the span.
+        for w in ws.iter().filter(|w| w.end_s > w.start_s) {
             t0 = t0.min(w.measured_start_s);
             t1 = t1.max(w.end_s);
         }

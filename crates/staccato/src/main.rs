@@ -214,7 +214,20 @@ fn run(cli: Cli) -> Result<()> {
             check(&r)?;
             let base = cli.gateway.trim_end_matches('/');
             match &tok {
-                Some(t) => println!("{base}/ui#token={t}"),
+                // Percent-encoded: a token may hold any printable character.
+                Some(t) => {
+                    let enc: String = t
+                        .bytes()
+                        .map(|b| {
+                            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                                (b as char).to_string()
+                            } else {
+                                format!("%{b:02X}")
+                            }
+                        })
+                        .collect();
+                    println!("{base}/ui#token={enc}")
+                }
                 None => println!("{base}/ui"),
             }
             Ok(())

@@ -12,7 +12,13 @@ let snaps = [];   // recent snapshots, oldest first
 function takeTokenFromFragment() {
   const m = /(?:^|&)token=([^&]*)/.exec(location.hash.slice(1));
   if (!m) return false;
-  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+  let token;
+  try {
+    token = decodeURIComponent(m[1]);
+  } catch {
+    token = m[1]; // not percent-encoded after all
+  }
+  sessionStorage.setItem(TOKEN_KEY, token);
   // Out of the address bar (and of a bookmark or a screenshot of it).
   window.history.replaceState(null, "", location.pathname);
   return true;
@@ -28,7 +34,8 @@ function el(tag, attrs, ...kids) {
 }
 
 function fmtUs(s) {
-  if (s === null || s === undefined || !isFinite(s)) return "–";
+  if (s === null || s === undefined) return "–";
+  if (!isFinite(s)) return "> 10 s";
   const us = s * 1e6;
   if (us < 1000) return us.toFixed(0) + " µs";
   if (us < 1e6) return (us / 1000).toFixed(us < 10000 ? 2 : 1) + " ms";
@@ -44,17 +51,23 @@ function quantile(counts, bounds, q) {
   let seen = 0;
   for (let i = 0; i < counts.length; i++) {
     if (seen + counts[i] >= rank && counts[i] > 0) {
-      if (i >= bounds.length) return bounds[bounds.length - 1];
+      if (i >= bounds.length) return Infinity; // above every bound
       const lo = i === 0 ? 0 : bounds[i - 1];
       return lo + (bounds[i] - lo) * ((rank - seen) / counts[i]);
     }
     seen += counts[i];
   }
-  return bounds[bounds.length - 1];
+  return Infinity;
 }
 
 
 function render(snap) {
+  // A gateway that restarted counts from zero: start the window again.
+  const last = snaps[snaps.length - 1];
+  if (last && Object.entries(snap.functions).some(([n, f]) => {
+    const o = last.functions[n];
+    return o && o.latency && f.latency && f.latency.count < o.latency.count;
+  })) snaps = [];
   snaps.push(snap);
   while (snaps.length > 2 && snap.time_ms - snaps[1].time_ms >= WINDOW_MS) snaps.shift();
   const old = snaps[0];
@@ -183,6 +196,7 @@ async function follow() {
       document.getElementById("login-box").hidden = true;
       setStatus("live", true);
       wait = 1000;
+      snaps = [];
       const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
       let buf = "";
       for (;;) {
@@ -198,6 +212,8 @@ async function follow() {
         }
       }
       setStatus("reconnecting", false);
+      // Never a tight loop, whatever ended the stream.
+      await new Promise((ok) => setTimeout(ok, 500));
     } catch (e) {
       if (current !== me) return;
       setStatus("disconnected: " + e.message, false);

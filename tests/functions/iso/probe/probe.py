@@ -5,6 +5,7 @@ Output: JSON with the result of each attempt ("ok" or the errno name) and
 facts about the process (user, capabilities, seccomp, namespaces)."""
 import asyncio
 import ctypes
+import importlib.util
 import errno
 import json
 import os
@@ -97,5 +98,8 @@ def handle(ctx, payload):
         "python_version": sys.version.split()[0],
         "libpython": sorted({l.split()[-1] for l in open("/proc/self/maps") if "libpython" in l}),
         "event_loop": type(asyncio.get_event_loop()).__module__,
+        # A package only the host's interpreter has (setup installs it there).
+        "numpy": importlib.util.find_spec("numpy") is not None,
+        "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
     }
     return json.dumps(out).encode()
