@@ -48,6 +48,7 @@ python3 -c 'import kubernetes_validate, yaml' >/dev/null 2>&1 || { echo "==> pip
 # The workload analyzer (staccato bench analyze/compare) plots with matplotlib.
 # gRPC ingress tests: a real gRPC client (grpcio) and raw HTTP/2 frames (h2).
 python3 -c 'import grpc, h2' >/dev/null 2>&1 || { echo "==> pip install grpcio h2"; python3 -m pip install -q grpcio h2; }
+python3 -c 'import opentelemetry.proto' >/dev/null 2>&1 || { echo "==> pip install opentelemetry-proto (the OTLP receiver in tests/test_tracing.py)"; python3 -m pip install -q opentelemetry-proto; }
 python3 -c 'import playwright' >/dev/null 2>&1 || { echo "==> pip install playwright (drives Debian's chromium in tests/test_dashboard.py)"; python3 -m pip install -q playwright; }
 python3 -c 'import numpy, matplotlib' >/dev/null 2>&1 || { echo "==> pip install numpy matplotlib"; python3 -m pip install -q numpy matplotlib; }
 # uvloop makes the Python runtime's event loop ~5-20 us faster per internal

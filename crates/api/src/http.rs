@@ -57,6 +57,8 @@ pub struct CallRequest {
     pub timeout_ms: u32,
     /// The client asked to close the connection after the answer.
     pub close: bool,
+    /// Its `traceparent`, if it sent one valid header (`crate::trace`).
+    pub trace: Option<crate::trace::TraceParent>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -93,6 +95,8 @@ pub fn parse_call(buf: &[u8], payload_max: usize, loopback_only: bool) -> Parsed
     }
     let Some(name) = call_target(req.path.unwrap_or("")) else { return Parsed::HandOver("not a call's path") };
     let (mut length, mut host, mut close, mut timeout) = (None, None, false, 0);
+    // (seen, the valid value): a second traceparent voids both.
+    let mut trace: (u32, Option<crate::trace::TraceParent>) = (0, None);
     for h in req.headers.iter() {
         let n = h.name;
         if n.eq_ignore_ascii_case("content-length") {
@@ -117,6 +121,8 @@ pub fn parse_call(buf: &[u8], payload_max: usize, loopback_only: bool) -> Parsed
                     return Parsed::HandOver("an upgrade");
                 }
             }
+        } else if n.eq_ignore_ascii_case(crate::trace::HEADER) {
+            trace = (trace.0 + 1, crate::trace::TraceParent::parse(h.value));
         } else if n.eq_ignore_ascii_case(TIMEOUT_HEADER) {
             match timeout_ms(h.value) {
                 Some(ms) if timeout == 0 => timeout = ms,
@@ -140,7 +146,8 @@ pub fn parse_call(buf: &[u8], payload_max: usize, loopback_only: bool) -> Parsed
     if buf.len() < end {
         return Parsed::PartialBody;
     }
-    Parsed::Call(CallRequest { name: name.to_string(), body: head_len..end, timeout_ms: timeout, close })
+    let trace = if trace.0 == 1 { trace.1 } else { None };
+    Parsed::Call(CallRequest { name: name.to_string(), body: head_len..end, timeout_ms: timeout, close, trace })
 }
 
 /// The function a request target names, if it is `/function/{name}` (a
@@ -181,14 +188,27 @@ mod tests {
     }
 
     #[test]
+    fn a_traceparent_is_read_once_and_a_bad_or_repeated_one_ignored() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let trace_of = |headers: &str| match call(&format!("POST /function/f HTTP/1.1\r\n{headers}\r\n")) {
+            Parsed::Call(c) => c.trace,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(trace_of(&format!("traceparent: {tp}\r\n")), crate::trace::TraceParent::parse(tp.as_bytes()));
+        assert_eq!(trace_of("Traceparent: 00-xyz\r\n"), None);
+        assert_eq!(trace_of(&format!("traceparent: {tp}\r\ntraceparent: {tp}\r\n")), None);
+    }
+
+    #[test]
     fn serves_plain_calls() {
         let r = "POST /function/nop HTTP/1.1\r\nHost: localhost:8080\r\nContent-Length: 3\r\n\r\nabc";
         let head = r.len() - 3;
-        let want = CallRequest { name: "nop".into(), body: head..r.len(), timeout_ms: 0, close: false };
+        let want = CallRequest { name: "nop".into(), body: head..r.len(), timeout_ms: 0, close: false, trace: None };
         assert_eq!(call(r), Parsed::Call(want));
         let r =
             "GET /function/a-b_c/?x=1 HTTP/1.1\r\nconnection: keep-alive, Close\r\nX-Staccato-Timeout-Ms: 250\r\n\r\n";
-        let want = CallRequest { name: "a-b_c".into(), body: r.len()..r.len(), timeout_ms: 250, close: true };
+        let want =
+            CallRequest { name: "a-b_c".into(), body: r.len()..r.len(), timeout_ms: 250, close: true, trace: None };
         assert_eq!(call(r), Parsed::Call(want));
     }
 

@@ -13,7 +13,8 @@
 //! * [`cluster`]: engines joining gateways, and a gateway's engine table;
 //! * [`http`]: what the gateway's and the engine's HTTP front doors share;
 //! * [`keys`]: per-function invoke keys;
-//! * [`secrets`]: secret names and values on their way to an engine.
+//! * [`secrets`]: secret names and values on their way to an engine;
+//! * [`trace`]: W3C trace context, from a client's header to an engine.
 #![forbid(unsafe_code)]
 
 pub mod archive;
@@ -26,4 +27,5 @@ pub mod link;
 pub mod manifest;
 pub mod secrets;
 pub mod spec;
+pub mod trace;
 pub mod units;

@@ -65,7 +65,15 @@ pub struct EngineConfig {
     /// (`http://HOST:PORT`) instead of serving it here: OpenFaaS's way,
     /// for measuring the local fast path (`via_gateway`).
     pub internal_calls_via: Option<String>,
+    /// Export spans of traced calls to this OpenTelemetry collector
+    /// (OTLP/HTTP, JSON; `otel`); none: no tracing.
+    pub otlp_endpoint: Option<String>,
+    /// The share of calls without a sampled parent that start a trace.
+    pub trace_sample: f64,
 }
+
+/// The default `trace_sample` (BENCHMARKS.md, "Tracing cost").
+pub const TRACE_SAMPLE_DEFAULT: f64 = 0.01;
 
 /// How many calls of a function run at once (Nightcore §3.3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,6 +155,8 @@ impl EngineConfig {
             log_caps: sandbox::logs::Caps::DEFAULT,
             concurrency: Concurrency::Managed,
             internal_calls_via: None,
+            otlp_endpoint: None,
+            trace_sample: TRACE_SAMPLE_DEFAULT,
         }
     }
 

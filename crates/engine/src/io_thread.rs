@@ -681,6 +681,10 @@ impl IoThread {
         };
         let mut rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, parent, deadline_us);
         rec.nested = held > 0;
+        if let Some(t) = &self.shared.tracer {
+            // A traced caller's call is its child span.
+            rec.trace = self.shared.calls.with(parent, |r| r.trace).flatten().map(|p| t.child(&p));
+        }
         self.submit(h.call_id, rec);
     }
 
@@ -912,7 +916,10 @@ impl IoThread {
         self.next_seq = self.next_seq.wrapping_add(1);
         let call_id = self.id_tag | (self.next_seq & 0xffff_ffff);
         let origin = Origin::Http { thread: self.idx, conn: t, close: req.close };
-        let rec = new_record(func, origin, Payload::Bytes(input), 0, deadline_us);
+        let mut rec = new_record(func, origin, Payload::Bytes(input), 0, deadline_us);
+        if let Some(tr) = &self.shared.tracer {
+            rec.trace = tr.root(req.trace);
+        }
         self.submit(call_id, rec);
     }
 
@@ -1094,6 +1101,10 @@ impl IoThread {
         let origin = Origin::Gateway { thread: self.idx, conn };
         let mut rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us);
         rec.background = fh.kind == FrameKind::Call && fh.call_background();
+        if let (Some(t), FrameKind::Call) = (&self.shared.tracer, fh.kind) {
+            let parent = wire::frame::call_trace(&fh, &body).and_then(api::trace::TraceParent::decode);
+            rec.trace = t.root(parent);
+        }
         if let Some((origin_id, parent)) = parent {
             // Shown under its caller's ids; its chain here starts with it,
             // counting the calls above it on the caller's side.
@@ -1243,6 +1254,7 @@ fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, 
         background: false,
         depth_above: 0,
         recv_unix_us: sys::clock::unix_us(),
+        trace: None,
     }
 }
 

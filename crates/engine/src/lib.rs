@@ -15,6 +15,7 @@ pub mod config;
 mod error;
 pub mod front;
 mod io_thread;
+mod otel;
 mod remote;
 pub mod scheduler;
 mod secrets;
@@ -112,6 +113,10 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
     let logs = sandbox::logs::Logs::start("engine-logs")?;
     let (sup_tx, sup_rx) = mpsc::channel();
     let cfg_via = cfg.internal_calls_via.clone();
+    let tracer = match &cfg.otlp_endpoint {
+        Some(e) => Some(otel::Tracer::start(e, cfg.trace_sample, addr.to_string())?),
+        None => None,
+    };
     let keep_awake_ms = cfg.keep_awake_ms;
     let shared = Arc::new(Shared {
         cpus,
@@ -131,6 +136,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         via_gateway: cfg_via.as_deref().map(via_gateway::ViaGateway::new),
         front: std::sync::OnceLock::new(),
         awake: Arc::new(awake::Awake::new(keep_awake_ms)),
+        tracer,
     });
     let awake_cpus = match shared.cfg.placement {
         Placement::Packed => shared.cpus.clone(),

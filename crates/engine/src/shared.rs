@@ -186,6 +186,8 @@ pub(crate) struct CallRecord {
     /// An asynchronous call from the gateway's queue: dispatched after
     /// ordinary calls (scheduler module doc).
     pub background: bool,
+    /// Its span, when it is traced (`otel`).
+    pub trace: Option<crate::otel::SpanCtx>,
     /// Came in from another server (`remote`): how many calls are above it
     /// there (at most `--max-call-depth`, 1024). Its `parent_call_id` here
     /// is 0, the root of a chain here.
@@ -278,6 +280,8 @@ pub(crate) struct Shared {
     pub mailboxes: Vec<Mailbox>,
     pub supervisor: Mutex<Sender<SupervisorCmd>>,
     pub traces: crate::calls::TraceRing,
+    /// Spans to an OpenTelemetry collector, when the engine has one.
+    pub tracer: Option<crate::otel::Tracer>,
     pub next_worker_id: AtomicU32,
     pub next_owner: AtomicUsize,
     pub cpus: Vec<usize>,
@@ -737,6 +741,22 @@ impl Shared {
             outcome,
             hop: if rec.depth_above > 0 { Hop::In } else { Hop::Local },
         };
+        if let (Some(tracer), Some(ctx)) = (&self.tracer, rec.trace) {
+            let start_unix_ns = rec.recv_unix_us * 1000;
+            let dispatched = t.dispatch_ns >= t.receive_ns && t.dispatch_ns > 0;
+            tracer.finish(crate::otel::Span {
+                ctx,
+                function: rec.func.spec.name.clone(),
+                call_id,
+                start_unix_ns,
+                end_unix_ns: start_unix_ns + t.complete_ns.saturating_sub(t.receive_ns),
+                queue_us: if dispatched { (t.dispatch_ns - t.receive_ns) / 1000 } else { 0 },
+                exec_us: if dispatched { t.complete_ns.saturating_sub(t.dispatch_ns) / 1000 } else { 0 },
+                cold: rec.cold,
+                worker: worker_id,
+                outcome,
+            });
+        }
         self.traces.push(t);
     }
 

@@ -111,9 +111,20 @@ impl EngineLink {
 
     /// Sends a call and waits for its reply. `key_checked`: the caller's
     /// invoke key was checked against the function's keys.
-    pub async fn call(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8], key_checked: bool) -> Reply {
+    pub async fn call(
+        &self,
+        call_id: u64,
+        timeout_ms: u32,
+        name: &str,
+        input: &[u8],
+        key_checked: bool,
+        trace: Option<&[u8; wire::frame::TRACE_CONTEXT_LEN]>,
+    ) -> Reply {
         let flags = if key_checked { wire::frame::CALL_KEY_CHECKED } else { 0 };
-        self.call_flagged(call_id, timeout_ms, name, input, flags).await
+        self.exchange(call_id, timeout_ms, || {
+            wire::frame::traced_call_frame(call_id, timeout_ms, name, input, flags, trace)
+        })
+        .await
     }
 
     /// [`EngineLink::call`] with the Call frame's flags (`wire::frame::CALL_*`).
@@ -451,11 +462,12 @@ mod tests {
         local.block_on(&rt, async move {
             let link = link_up(addr, secret).await;
             let l = link.clone();
-            let small = tokio::task::spawn_local(async move { l.call(1, 0, "f", b"x", false).await });
+            let small = tokio::task::spawn_local(async move { l.call(1, 0, "f", b"x", false, None).await });
             tokio::time::sleep(Duration::from_millis(20)).await;
             // Far more than the kernel buffers of an unread connection hold.
             let l = link.clone();
-            let large = tokio::task::spawn_local(async move { l.call(2, 0, "f", &vec![7u8; 48 << 20], false).await });
+            let large =
+                tokio::task::spawn_local(async move { l.call(2, 0, "f", &vec![7u8; 48 << 20], false, None).await });
             let t0 = Instant::now();
             let (small, large) = (small.await.expect("small"), large.await.expect("large"));
             let took = t0.elapsed();
@@ -503,7 +515,8 @@ mod tests {
             let link = link_up(addr, secret).await;
             let l = link.clone();
             let t0 = Instant::now();
-            let call = tokio::task::spawn_local(async move { l.call(1, 0, "f", &vec![7u8; 24 << 20], false).await });
+            let call =
+                tokio::task::spawn_local(async move { l.call(1, 0, "f", &vec![7u8; 24 << 20], false, None).await });
             let silence = Duration::from_millis(wire::frame::SILENCE_MAX_MS);
             tokio::time::sleep(2 * silence).await;
             assert!(link.is_up(), "a link whose engine was taking bytes was closed after {:?}", t0.elapsed());

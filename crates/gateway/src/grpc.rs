@@ -204,6 +204,7 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
         Err(m) => return error(Code::InvalidArgument, &m),
     };
     let bearer = inputs::bearer(req.headers()).to_vec();
+    let trace = inputs::trace_context(req.headers());
     let verdict = sh.keys.check(&name, &bearer);
     if matches!(verdict, Verdict::Missing | Verdict::Wrong) {
         sh.metrics.record(th.index(), &name, "unauthorized", start.elapsed().as_secs_f64(), None);
@@ -230,7 +231,7 @@ pub(crate) async fn handle(sh: Arc<GwShared>, th: Rc<ThreadState>, req: Request<
         Err((code, msg)) => return error(code, &msg),
     };
     let call_id = th.next_call_id();
-    let outcome = match send(&sh, &th, &name, (call_id, timeout), &input, (&bearer, &verdict)).await {
+    let outcome = match send(&sh, &th, &name, (call_id, timeout, trace), &input, (&bearer, &verdict)).await {
         Sent::Refused(_) => {
             sh.metrics.record(th.index(), &name, "unauthorized", start.elapsed().as_secs_f64(), None);
             return error(

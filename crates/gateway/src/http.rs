@@ -274,6 +274,7 @@ pub(crate) fn refused_key(sh: &GwShared, th: &ThreadState, name: &str, verdict: 
 async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incoming>) -> Resp {
     let start = Instant::now();
     let bearer = inputs::bearer(req.headers()).to_vec();
+    let trace = inputs::trace_context(req.headers());
     let verdict = sh.keys.check(name, &bearer);
     if matches!(verdict, Verdict::Missing | Verdict::Wrong) {
         return refused_key(sh, th, name, &verdict, start);
@@ -301,7 +302,7 @@ async fn invoke(sh: &GwShared, th: &ThreadState, name: &str, req: Request<Incomi
             }
             Ok(body) => {
                 let (input, timeout_ms) = (body.to_bytes(), timeout_ms.unwrap_or(0));
-                match send(sh, th, name, (call_id, timeout_ms), &input, (&bearer, &verdict)).await {
+                match send(sh, th, name, (call_id, timeout_ms, trace), &input, (&bearer, &verdict)).await {
                     Sent::Refused(v) => return refused_key(sh, th, name, &v, start),
                     Sent::Answered(outcome, engine) => {
                         served_by = engine;
@@ -360,13 +361,13 @@ pub(crate) async fn send(
     sh: &GwShared,
     th: &ThreadState,
     name: &str,
-    (call_id, timeout_ms): (u64, u32),
+    (call_id, timeout_ms, trace): (u64, u32, Option<[u8; api::trace::WIRE_LEN]>),
     input: &Bytes,
     (bearer, verdict): (&[u8], &Verdict),
 ) -> Sent {
     let send = |checked: bool| {
         th.send_call(sh, name, (None, timeout_ms), move |l, left_ms| async move {
-            l.link.call(call_id, left_ms, name, input, checked).await
+            l.link.call(call_id, left_ms, name, input, checked, trace.as_ref()).await
         })
     };
     let mut sent = send(*verdict == Verdict::Allowed).await;

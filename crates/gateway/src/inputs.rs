@@ -38,6 +38,15 @@ pub fn cross_origin(h: &HeaderMap) -> Option<String> {
     (!same).then(|| format!("management requests from another origin ({origin}) are refused"))
 }
 
+/// The caller's W3C trace context (`traceparent`), as a `Call` frame
+/// carries it; none when absent, repeated or malformed (ignored, as the
+/// recommendation says: the call may start a trace of its own).
+pub fn trace_context(h: &HeaderMap) -> Option<[u8; api::trace::WIRE_LEN]> {
+    let mut values = h.get_all(api::trace::HEADER).iter();
+    let (Some(v), None) = (values.next(), values.next()) else { return None };
+    api::trace::TraceParent::parse(v.as_bytes()).map(|t| t.encode())
+}
+
 /// The request's content type, without parameters, lower case.
 pub fn content_type(h: &HeaderMap) -> String {
     h.get(CONTENT_TYPE)

@@ -119,6 +119,16 @@ pub struct EngineArgs {
     /// calls lose their chain's depth limit and trace links.
     #[arg(long, value_name = "URL")]
     pub internal_calls_via: Option<String>,
+    /// Export a span of every traced call to this OpenTelemetry collector
+    /// (OTLP/HTTP with JSON: http://HOST:4318, or a full URL ending in
+    /// /v1/traces). A call is traced when its caller's W3C traceparent is
+    /// sampled, or, without one, with probability --trace-sample; its
+    /// internal calls are traced with it.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// The share of calls without a traceparent that start a trace (0-1).
+    #[arg(long, default_value_t = engine::config::TRACE_SAMPLE_DEFAULT)]
+    pub trace_sample: f64,
     /// Python interpreter for Python functions.
     #[arg(long, default_value = "python3")]
     pub python: String,
@@ -647,6 +657,16 @@ fn start_engine(
             "every internal call goes through the gateway at {url} (--internal-calls-via), not the local fast path"
         );
         cfg.internal_calls_via = Some(url.clone());
+    }
+    if !(0.0..=1.0).contains(&e.trace_sample) {
+        bail!("--trace-sample is a share of calls, 0 to 1, got {}", e.trace_sample);
+    }
+    cfg.trace_sample = e.trace_sample;
+    if let Some(url) = &e.otlp_endpoint {
+        if !url.starts_with("http://") || url.len() <= "http://".len() {
+            bail!("--otlp-endpoint must be an http:// URL of an OTLP/HTTP collector, got {url:?}");
+        }
+        cfg.otlp_endpoint = Some(url.clone());
     }
     let size = |flag: &str, v: &str| api::units::parse_size(v).map_err(|err| anyhow::anyhow!("{flag} {v:?}: {err}"));
     cfg.log_caps = sandbox::logs::Caps {

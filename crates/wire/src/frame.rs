@@ -209,9 +209,17 @@ pub fn next_frame(buf: &[u8]) -> Result<Option<(FrameHeader, usize)>, FrameError
 }
 
 /// A `Call` frame's body split into the function's name (`b` bytes, at
-/// most the whole body) and the input.
+/// most the whole body) and the input, after the trace context if the
+/// frame has one ([`call_trace`]).
 pub fn call_parts<'a>(h: &FrameHeader, body: &'a [u8]) -> (&'a [u8], &'a [u8]) {
+    let body = if h.c & CALL_TRACE_CONTEXT != 0 { body.get(TRACE_CONTEXT_LEN..).unwrap_or(&[]) } else { body };
     body.split_at((h.call_name_len() as usize).min(body.len()))
+}
+
+/// A `Call` frame's trace context (`c` bit 2): the body's first
+/// [`TRACE_CONTEXT_LEN`] bytes, if the frame has them.
+pub fn call_trace<'a>(h: &FrameHeader, body: &'a [u8]) -> Option<&'a [u8]> {
+    (h.kind == FrameKind::Call && h.c & CALL_TRACE_CONTEXT != 0).then(|| body.get(..TRACE_CONTEXT_LEN)).flatten()
 }
 
 /// Timing the engine reports with each result, in microseconds.
@@ -247,6 +255,10 @@ pub fn frame(kind: FrameKind, body: &[u8]) -> Vec<u8> {
 pub const CALL_KEY_CHECKED: u32 = 1;
 /// `Call` frames, `c`: an asynchronous call, run after ordinary ones.
 pub const CALL_BACKGROUND: u32 = 2;
+/// `Call` frames, `c`: the body starts with the caller's W3C trace context
+/// (`api::trace`: trace id, parent span id, flags; 25 bytes).
+pub const CALL_TRACE_CONTEXT: u32 = 4;
+pub const TRACE_CONTEXT_LEN: usize = 25;
 
 /// Builds a complete `Call` frame: header, function name, input.
 pub fn call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Vec<u8> {
@@ -261,12 +273,27 @@ pub fn checked_call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8
 
 /// [`call_frame`] with the `c` flags ([`CALL_KEY_CHECKED`], [`CALL_BACKGROUND`]).
 pub fn flagged_call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8], flags: u32) -> Vec<u8> {
-    let mut h = FrameHeader::new(FrameKind::Call, call_id, name.len() + input.len());
+    traced_call_frame(call_id, timeout_ms, name, input, flags, None)
+}
+
+/// [`flagged_call_frame`] with the caller's trace context, if any
+/// ([`CALL_TRACE_CONTEXT`]).
+pub fn traced_call_frame(
+    call_id: u64,
+    timeout_ms: u32,
+    name: &str,
+    input: &[u8],
+    flags: u32,
+    trace: Option<&[u8; TRACE_CONTEXT_LEN]>,
+) -> Vec<u8> {
+    let ctx: &[u8] = trace.map_or(&[], |t| t);
+    let mut h = FrameHeader::new(FrameKind::Call, call_id, ctx.len() + name.len() + input.len());
     h.a = timeout_ms;
     h.b = name.len() as u32;
-    h.c = flags;
-    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + name.len() + input.len());
+    h.c = flags | if trace.is_some() { CALL_TRACE_CONTEXT } else { 0 };
+    let mut out = Vec::with_capacity(FRAME_HEADER_LEN + ctx.len() + name.len() + input.len());
     out.extend_from_slice(&h.encode());
+    out.extend_from_slice(ctx);
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(input);
     out
@@ -338,6 +365,27 @@ mod tests {
         // A body shorter than its ids, or than the name its header claims.
         assert_eq!(forward_parts(&h, &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 15]), None);
         assert_eq!(forward_parts(&h, &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 20]), None);
+    }
+
+    #[test]
+    fn a_call_carries_its_trace_context_before_the_name() {
+        let ctx = [7u8; TRACE_CONTEXT_LEN];
+        let frame = traced_call_frame(9, 100, "fn", b"input", CALL_KEY_CHECKED, Some(&ctx));
+        let (h, _) = next_frame(&frame).expect("valid").expect("whole");
+        let body = &frame[FRAME_HEADER_LEN..];
+        assert!(h.call_key_checked());
+        assert_eq!(call_trace(&h, body), Some(&ctx[..]));
+        assert_eq!(call_parts(&h, body), (&b"fn"[..], &b"input"[..]));
+        // Without one: as before.
+        let frame = flagged_call_frame(9, 100, "fn", b"input", 0);
+        let (h, _) = next_frame(&frame).expect("valid").expect("whole");
+        assert_eq!(call_trace(&h, &frame[FRAME_HEADER_LEN..]), None);
+        assert_eq!(call_parts(&h, &frame[FRAME_HEADER_LEN..]), (&b"fn"[..], &b"input"[..]));
+        // A body too short for the context it claims: no context, no name.
+        let mut h2 = h;
+        h2.c = CALL_TRACE_CONTEXT;
+        assert_eq!(call_trace(&h2, b"short"), None);
+        assert_eq!(call_parts(&h2, b"short"), (&b""[..], &b""[..]));
     }
 
     #[test]
