@@ -6,8 +6,8 @@ use api::auth::{Secret, HANDSHAKE_BODY_LEN_MAX};
 use libfuzzer_sys::fuzz_target;
 use std::io::{Cursor, Read, Write};
 use wire::frame::{
-    call_parts, forward_frame, forward_parts, next_frame, FrameHeader, FrameKind, FORWARD_PREFIX_LEN,
-    FRAME_BODY_LEN_MAX, FRAME_HEADER_LEN,
+    call_parts, call_trace, forward_frame, forward_parts, next_frame, FrameHeader, FrameKind, FORWARD_PREFIX_LEN,
+    FRAME_BODY_LEN_MAX, FRAME_HEADER_LEN, TRACE_CONTEXT_LEN,
 };
 
 /// Reads come from the fuzzer's bytes; writes go nowhere.
@@ -39,8 +39,14 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(FrameHeader::decode(hb).map(|d| d.encode()), Ok(*hb));
         let body = &data[off + FRAME_HEADER_LEN..off + end];
         if h.kind == FrameKind::Call {
+            // After a trace context if the frame says it has one; a body
+            // too short for the context it claims has no name and input.
             let (name, input) = call_parts(&h, body);
-            assert_eq!(name.len() + input.len(), body.len());
+            let ctx = call_trace(&h, body).map_or(0, <[u8]>::len);
+            assert!(
+                ctx + name.len() + input.len() == body.len()
+                    || (ctx == 0 && name.is_empty() && input.is_empty() && body.len() < TRACE_CONTEXT_LEN)
+            );
         }
         if h.kind == FrameKind::Forward {
             // Split within the body, or refused; a split one is written
