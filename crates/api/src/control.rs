@@ -186,17 +186,7 @@ pub struct FunctionStatus {
 
 /// CPU and scheduling of a function's processes (all their threads),
 /// cumulative since each started.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessUsage {
-    /// Nanoseconds on a CPU.
-    pub cpu_ns: u64,
-    /// Nanoseconds runnable but waiting for a CPU.
-    pub run_delay_ns: u64,
-    pub voluntary_switches: u64,
-    pub involuntary_switches: u64,
-    pub processes: u32,
-    pub threads: u32,
-}
+pub use sys::process::Usage as ProcessUsage;
 
 /// An engine's isolation pool (Nuka §III.A): containers ready, the size it
 /// keeps, and what it has done since the engine started.

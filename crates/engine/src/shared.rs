@@ -883,15 +883,7 @@ impl Shared {
                     Some(c) => c.pids(),
                     None => pids,
                 };
-                let u = sys::process::usage(&pids);
-                status.usage = Some(api::control::ProcessUsage {
-                    cpu_ns: u.cpu_ns,
-                    run_delay_ns: u.run_delay_ns,
-                    voluntary_switches: u.voluntary_switches,
-                    involuntary_switches: u.involuntary_switches,
-                    processes: u.processes,
-                    threads: u.threads,
-                });
+                status.usage = Some(sys::process::usage(&pids));
                 status
             })
             .collect();

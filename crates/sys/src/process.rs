@@ -102,8 +102,9 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
 }
 
 /// CPU and scheduling figures of a set of processes, summed over all
-/// their threads (`/proc/PID/task/*`), as the kernel counts them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// their threads (`/proc/PID/task/*`), as the kernel counts them. (As
+/// `api::control::ProcessUsage`, a function's status carries it.)
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     /// Time on a CPU (`schedstat`'s first field: nanoseconds).
     pub cpu_ns: u64,
