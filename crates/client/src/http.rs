@@ -66,6 +66,8 @@ impl Client {
             let s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(3))?;
             s.set_nodelay(true)?;
             s.set_read_timeout(Some(self.timeout))?;
+            // A peer that stops reading must not hold a writer for ever.
+            s.set_write_timeout(Some(self.timeout))?;
             self.conn = Some(BufReader::with_capacity(64 * 1024, s));
         }
         Ok(self.conn.as_mut().expect("connected above"))

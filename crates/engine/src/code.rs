@@ -331,7 +331,8 @@ pub(crate) fn launcher_command(cfg: &EngineConfig, spec: &FunctionSpec, view: &V
                 path.push(":");
                 path.push(d);
             }
-            // After the function's own dependencies: its uvloop wins.
+            // After the function's own dependencies: on a cold start its
+            // uvloop wins (a warm interpreter has imported this one).
             if let Some(v) = &view.isolated_site {
                 path.push(":");
                 path.push(v);

@@ -8,11 +8,18 @@
 //! its caller is, as its child: the engine knows every call's parent
 //! (`CallRecord::parent_call_id`), so no runtime carries anything for it.
 //!
+//! Whatever the callers' flags say, at most [`ROOTS_PER_S`] traces start a
+//! second (a client, or an SDK sampling everything, cannot make the engine
+//! trace every call); a trace that started keeps all its calls.
+//!
 //! One span per call: the function's name, from the engine's receipt of the
 //! call to its completion, with queue and execution time, cold start,
 //! worker, engine and outcome as attributes. Finished spans go to a bounded
 //! queue (a full one drops them and counts it) that the exporter thread
-//! sends in batches, off the calls' path; a call not traced costs a branch.
+//! sends in batches, off the calls' path. Without `--otlp-endpoint` a call
+//! costs one branch; with it, an internal call also looks up its caller.
+//! A batch the collector does not take is dropped (logged), not retried
+//! beyond one fresh connection; spans still queued at exit are lost.
 
 use api::trace::TraceParent;
 use client::http::Requester;
@@ -27,6 +34,8 @@ use std::time::{Duration, Instant};
 const QUEUE: usize = 16_384;
 /// Spans per export request, and how long a span may wait for one.
 const BATCH: usize = 512;
+/// Traces started per second at most, sampled parents included.
+pub const ROOTS_PER_S: u64 = 1_000;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
 /// A traced call's place in its trace.
@@ -60,6 +69,10 @@ pub struct Tracer {
     threshold: u64,
     tx: SyncSender<Span>,
     dropped: Arc<AtomicU64>,
+    /// The current second (since the engine's start) and the traces
+    /// started in it: `second << 32 | count`.
+    roots: AtomicU64,
+    started: Instant,
 }
 
 impl Tracer {
@@ -73,22 +86,40 @@ impl Tracer {
         std::thread::Builder::new()
             .name("otlp-export".into())
             .spawn(move || export_loop(rx, &base, &path, &engine, &d))?;
-        Ok(Tracer { threshold: threshold(ratio), tx, dropped })
+        Ok(Tracer { threshold: threshold(ratio), tx, dropped, roots: AtomicU64::new(0), started: Instant::now() })
+    }
+
+    /// Takes one of this second's [`ROOTS_PER_S`] trace starts, if any is left.
+    fn take_root(&self) -> bool {
+        let now = self.started.elapsed().as_secs() & 0xffff_ffff;
+        let mut cur = self.roots.load(Ordering::Relaxed);
+        loop {
+            let (sec, n) = (cur >> 32, cur & 0xffff_ffff);
+            if sec == now && n >= ROOTS_PER_S {
+                return false;
+            }
+            let next = if sec == now { n + 1 } else { 1 };
+            match self.roots.compare_exchange_weak(cur, now << 32 | next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return true,
+                Err(seen) => cur = seen,
+            }
+        }
     }
 
     /// The span of an external call: in its caller's trace if that one is
     /// sampled, in a new trace if it has no parent and the dice say so.
     pub fn root(&self, parent: Option<TraceParent>) -> Option<SpanCtx> {
-        match parent {
-            Some(p) if p.sampled => {
-                Some(SpanCtx { trace_id: p.trace_id, span_id: id64(), parent_span_id: p.parent_id, internal: false })
-            }
-            Some(_) => None,
-            None if self.threshold > 0 && random() <= self.threshold => {
-                Some(SpanCtx { trace_id: id128(), span_id: id64(), parent_span_id: 0, internal: false })
-            }
-            None => None,
+        let (trace_id, parent_span_id) = match parent {
+            Some(p) if p.sampled => (p.trace_id, p.parent_id),
+            Some(_) => return None,
+            None if self.threshold > 0 && random() <= self.threshold => (0, 0),
+            None => return None,
+        };
+        if !self.take_root() {
+            return None;
         }
+        let trace_id = if trace_id == 0 { id128() } else { trace_id };
+        Some(SpanCtx { trace_id, span_id: id64(), parent_span_id, internal: false })
     }
 
     /// The span of an internal call made by a traced call.
@@ -203,11 +234,22 @@ fn export_loop(rx: Receiver<Span>, base: &str, path: &str, engine: &str, dropped
             continue;
         }
         let body = otlp_json(&batch, engine);
-        let sent = client.take().map_or_else(|| client::http::Client::new(base, None), Ok).and_then(|mut c| {
-            c.timeout = Duration::from_secs(5);
-            let r = c.request_with_headers("POST", path, &body, &[("Content-Type", "application/json")])?;
+        let post = |c: Option<client::http::Client>| {
+            c.map_or_else(|| client::http::Client::new(base, None), Ok).and_then(|mut c| {
+                c.timeout = Duration::from_secs(5);
+                let r = c.request_with_headers("POST", path, &body, &[("Content-Type", "application/json")])?;
+                Ok((c, r.status))
+            })
+        };
+        // A kept connection the collector closed meanwhile: once more on a new one.
+        let reused = client.is_some();
+        let sent = match post(client.take()) {
+            Err(_) if reused => post(None),
+            other => other,
+        }
+        .map(|(c, status)| {
             client = Some(c);
-            Ok(r.status)
+            status
         });
         let trouble = match sent {
             Ok(s) if (200..300).contains(&s) => None,
@@ -281,7 +323,13 @@ mod tests {
     #[test]
     fn sampling_follows_the_parent_and_the_ratio() {
         let (tx, _rx) = sync_channel(1);
-        let t = |ratio| Tracer { threshold: threshold(ratio), tx: tx.clone(), dropped: Arc::default() };
+        let t = |ratio| Tracer {
+            threshold: threshold(ratio),
+            tx: tx.clone(),
+            dropped: Arc::default(),
+            roots: AtomicU64::new(0),
+            started: Instant::now(),
+        };
         let p = TraceParent { trace_id: 5, parent_id: 6, sampled: true };
         let s = t(0.0).root(Some(p)).expect("a sampled parent is followed whatever the ratio");
         assert_eq!((s.trace_id, s.parent_span_id, s.internal), (5, 6, false));
@@ -293,6 +341,10 @@ mod tests {
         assert_eq!((k.trace_id, k.parent_span_id, k.internal), (c.trace_id, c.span_id, true));
         let n = (0..20_000).filter(|_| t(0.1).root(None).is_some()).count();
         assert!((1_600..2_400).contains(&n), "{n} of 20,000 at 10%");
+        // A client sampling every call starts at most ROOTS_PER_S traces a second.
+        let one = t(0.0);
+        let started = (0..3 * ROOTS_PER_S).filter(|_| one.root(Some(p)).is_some()).count() as u64;
+        assert!((ROOTS_PER_S..=2 * ROOTS_PER_S).contains(&started), "{started}");
     }
 
     #[test]

@@ -850,7 +850,7 @@ impl Shared {
                 // Whose CPU to read, found under the lock, read after it.
                 let container_of = core.launcher.container.clone();
                 let mut pids: Vec<u32> = Vec::new();
-                if container_of.is_none() {
+                if usage && container_of.is_none() {
                     pids.extend((core.launcher.pid != 0).then_some(core.launcher.pid));
                     pids.extend(core.workers.values().map(|w| w.pid).filter(|p| *p != 0));
                     pids.sort_unstable();

@@ -797,10 +797,13 @@ fn spawn_in_container(
         ];
         env.extend(f.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         if f.spec.runtime == crate::spec::Runtime::Python {
-            // The interpreter's own library first; a deployer's path after it.
+            // The interpreter's own library first; a deployer's path after
+            // it (in a warm container the interpreter has started already:
+            // there it is the environment of what the function starts).
             for (k, v) in &cc.python_env {
                 match env.iter_mut().find(|(name, _)| name == k) {
-                    Some((_, theirs)) => *theirs = format!("{v}:{theirs}"),
+                    Some((_, theirs)) if !theirs.is_empty() => *theirs = format!("{v}:{theirs}"),
+                    Some((_, theirs)) => v.clone_into(theirs),
                     None => env.push((k.clone(), v.clone())),
                 }
             }

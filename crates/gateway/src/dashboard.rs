@@ -86,16 +86,18 @@ impl Drop for StreamSlot {
     }
 }
 
-/// The latest snapshot if it is younger than a tick, else a new one.
+/// The latest snapshot if it was begun less than half a tick ago, else a
+/// new one (viewers on different threads may each take one at the same
+/// moment; at most one a half tick each).
 pub async fn shared_snapshot(sh: &Arc<GwShared>) -> Arc<Value> {
-    let fresh = PERIOD.mul_f32(0.9);
     if let Some((at, v)) = sh.dashboard.latest.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-        if at.elapsed() < fresh {
+        if at.elapsed() < PERIOD / 2 {
             return v.clone();
         }
     }
+    let begun = Instant::now();
     let v = Arc::new(snapshot(sh).await);
-    *sh.dashboard.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), v.clone()));
+    *sh.dashboard.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((begun, v.clone()));
     v
 }
 

@@ -124,10 +124,10 @@ pub struct EngineArgs {
     /// /v1/traces). A call is traced when its caller's W3C traceparent is
     /// sampled, or, without one, with probability --trace-sample; its
     /// internal calls are traced with it.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = otlp_url)]
     pub otlp_endpoint: Option<String>,
     /// The share of calls without a traceparent that start a trace (0-1).
-    #[arg(long, default_value_t = engine::config::TRACE_SAMPLE_DEFAULT)]
+    #[arg(long, default_value_t = engine::config::TRACE_SAMPLE_DEFAULT, value_parser = share)]
     pub trace_sample: f64,
     /// Python interpreter for Python functions.
     #[arg(long, default_value = "python3")]
@@ -658,16 +658,8 @@ fn start_engine(
         );
         cfg.internal_calls_via = Some(url.clone());
     }
-    if !(0.0..=1.0).contains(&e.trace_sample) {
-        bail!("--trace-sample is a share of calls, 0 to 1, got {}", e.trace_sample);
-    }
     cfg.trace_sample = e.trace_sample;
-    if let Some(url) = &e.otlp_endpoint {
-        if !url.starts_with("http://") || url.len() <= "http://".len() {
-            bail!("--otlp-endpoint must be an http:// URL of an OTLP/HTTP collector, got {url:?}");
-        }
-        cfg.otlp_endpoint = Some(url.clone());
-    }
+    cfg.otlp_endpoint = e.otlp_endpoint.clone();
     let size = |flag: &str, v: &str| api::units::parse_size(v).map_err(|err| anyhow::anyhow!("{flag} {v:?}: {err}"));
     cfg.log_caps = sandbox::logs::Caps {
         file_bytes: size("--log-max-size", &e.log_max_size)?,
@@ -1006,6 +998,22 @@ pub fn init_logging() {
 }
 
 /// A duration flag whose bare numbers are milliseconds (`0` is allowed).
+/// `--trace-sample`: a share of calls, checked as the flags are read.
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("a share of calls, 0 to 1, not {s:?}")),
+    }
+}
+
+/// `--otlp-endpoint`: an http:// URL with a host.
+fn otlp_url(s: &str) -> Result<String, String> {
+    match s.strip_prefix("http://") {
+        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(s.to_string()),
+        _ => Err(format!("the http:// URL of an OTLP/HTTP collector, not {s:?}")),
+    }
+}
+
 fn ms_flag(v: &str) -> Result<Duration, UnitError> {
     duration_flag(v, Duration::from_millis(1))
 }
