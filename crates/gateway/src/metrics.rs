@@ -163,20 +163,17 @@ impl Metrics {
                 let _ = writeln!(s, "staccato_invocations_total{{function=\"{name}\",outcome=\"{outcome}\"}} {n}");
             }
         }
-        s.push_str("# HELP staccato_invocation_duration_seconds End-to-end latency at the gateway.\n");
-        s.push_str("# TYPE staccato_invocation_duration_seconds histogram\n");
-        for (name, f) in m.iter() {
-            f.latency.render(&mut s, "staccato_invocation_duration_seconds", name);
-        }
-        s.push_str("# HELP staccato_queue_seconds Time a call waited in its engine for a worker (engine's clock).\n");
-        s.push_str("# TYPE staccato_queue_seconds histogram\n");
-        for (name, f) in m.iter() {
-            f.queue.render(&mut s, "staccato_queue_seconds", name);
-        }
-        s.push_str("# HELP staccato_execution_seconds Time a call ran on its worker (engine's clock).\n");
-        s.push_str("# TYPE staccato_execution_seconds histogram\n");
-        for (name, f) in m.iter() {
-            f.exec.render(&mut s, "staccato_execution_seconds", name);
+        type Hist = (&'static str, &'static str, fn(&FnMetrics) -> &Histogram);
+        let histograms: [Hist; 3] = [
+            ("staccato_invocation_duration_seconds", "End-to-end latency at the gateway.", |f| &f.latency),
+            ("staccato_queue_seconds", "Time a call waited in its engine for a worker (engine's clock).", |f| &f.queue),
+            ("staccato_execution_seconds", "Time a call ran on its worker (engine's clock).", |f| &f.exec),
+        ];
+        for (metric, help, of) in histograms {
+            let _ = writeln!(s, "# HELP {metric} {help}\n# TYPE {metric} histogram");
+            for (name, f) in m.iter() {
+                of(f).render(&mut s, metric, name);
+            }
         }
         s.push_str("# HELP staccato_cold_starts_total Calls that waited for a worker started for them.\n");
         s.push_str("# TYPE staccato_cold_starts_total counter\n");
