@@ -33,7 +33,8 @@ ERROR_KINDS = [
 # every launcher. Runtimes read no other STACCATO_* variable but their own
 # knobs, listed per runtime (each documented in that runtime's README).
 LAUNCHER_ENV = ["STACCATO_FUNCTION", "STACCATO_IPC_DIR", "STACCATO_HANDLER", "STACCATO_PAYLOAD_MAX",
-                "STACCATO_SPIN_US", "STACCATO_WORKER_MODE", "STACCATO_HOST_IP"]
+                "STACCATO_SPIN_US", "STACCATO_WORKER_MODE", "STACCATO_HOST_IP",
+                "STACCATO_SECRETS_DIR"]
 RUNTIME_ENV = {
     "python": ["STACCATO_WARM_FIFO", "STACCATO_WARM_STATUS"],
     "go": ["STACCATO_GOMAXPROCS", "STACCATO_GO_IO"],
@@ -117,6 +118,14 @@ def cases():
                 name_len=4, call_id=internal, parent_call_id=gw, worker_id=7)
     yield valid("max field values", "Dispatch", call_id=(1 << 64) - 1, parent_call_id=(1 << 64) - 1,
                 worker_id=(1 << 31) - 1, deadline_us=(1 << 64) - 1, send_ts_ns=(1 << 64) - 1)
+    # A traced Dispatch: trace id, span id, flags, then the tracestate.
+    ctx = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736" "00f067aa0ba902b7" "01")
+    yield valid("dispatch, trace context + input inline", "Dispatch", payload=ctx + b"in", name_len=25,
+                call_id=gw, worker_id=7)
+    yield valid("dispatch, trace context and state inline, input in shm", "Dispatch", flags=SHM,
+                payload=ctx + b"rojo=1", payload_len=5000, name_len=31, call_id=gw, worker_id=7)
+    yield valid("dispatch, trace context and a 512-byte state, empty input", "Dispatch",
+                payload=ctx + b"k=" + b"v" * 510, name_len=537, call_id=internal, parent_call_id=gw, worker_id=7)
 
     ok = pack(KINDS["Dispatch"], payload=b"abc", call_id=gw, worker_id=1)
     yield invalid("empty buffer", b"")
@@ -136,6 +145,13 @@ def cases():
     yield invalid("invoke with name_len 65", pack(KINDS["Invoke"], payload=b"f" * 70, name_len=65))
     yield invalid("invoke name_len beyond inline payload", pack(KINDS["Invoke"], payload=b"ab", name_len=3))
     yield invalid("name_len on a dispatch", pack(KINDS["Dispatch"], payload=b"abc", name_len=3))
+    yield invalid("dispatch name_len 24, short of a trace context", pack(KINDS["Dispatch"], payload=b"x" * 30,
+                                                                          name_len=24))
+    yield invalid("dispatch name_len 538, past the longest state", pack(KINDS["Dispatch"], payload=b"x" * 600,
+                                                                         name_len=538))
+    yield invalid("dispatch trace context beyond inline payload", pack(KINDS["Dispatch"], payload=b"x" * 25,
+                                                                        name_len=26))
+    yield invalid("trace context on a completion", pack(KINDS["Completion"], payload=b"x" * 30, name_len=25))
     yield invalid("failure with error_kind 0", pack(KINDS["Failure"], payload=b"x"))
     yield invalid(f"failure with unknown error_kind {len(ERROR_KINDS) + 1}",
                   pack(KINDS["Failure"], error_kind=len(ERROR_KINDS) + 1))
@@ -154,7 +170,8 @@ def main():
         "numberOfTests": len(tests),
         "notes": {
             "u64": "64-bit fields are decimal strings (JSON numbers lose precision past 2^53)",
-            "inline": "hex of the used inline bytes (payload_len bytes, or name_len bytes for an Invoke in shm, or none)",
+            "inline": "hex of the used inline bytes (payload_len bytes, or name_len bytes for an Invoke or a Dispatch "
+                      "in shm, or none)",
             "valid": "decode(msg) gives fields; encode(fields) gives msg byte for byte",
             "invalid": "decode(msg) is rejected",
         },

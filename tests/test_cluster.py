@@ -52,11 +52,12 @@ class EngineProc:
 
 
 @contextlib.contextmanager
-def cluster(root, engines=3):
+def cluster(root, engines=3, engine_extra=()):
     """A gateway with no engine of its own, and `engines` that join it."""
     root = Path(root)
     gport = free_port()
-    procs = [EngineProc(root, gport, f"engine{i}", extra=["--label", f"host=engine{i}"]) for i in range(engines)]
+    procs = [EngineProc(root, gport, f"engine{i}", extra=["--label", f"host=engine{i}", *engine_extra])
+             for i in range(engines)]
     gw_argv = [str(BIN), "gateway", "--listen", f"127.0.0.1:{gport}", "--token", TOKEN, "--engine-token",
                ENGINE_TOKEN, "--state-dir", str(root / "gateway-state")]
     try:

@@ -143,3 +143,125 @@ def test_every_call_is_traced_at_sample_one_and_a_bad_endpoint_is_refused(tmp_pa
     for bad in (["--otlp-endpoint", "https://collector:4318"], ["--trace-sample", "1.5"]):
         p = srv.cli("up", "--state-dir", str(tmp_path / "bad"), *bad)
         assert p.returncode != 0 and ("otlp-endpoint" in p.stderr or "trace-sample" in p.stderr), p.stderr
+
+
+STATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+
+
+def test_python_go_node_cpp_share_one_trace_and_each_ctx_sees_it(tmp_path, receiver):
+    """tr-python → tr-go → tr-node → tr-cpp: four spans nested in one trace
+    with the caller's tracestate, and each function's ctx giving the trace
+    id and a traceparent naming its own span; an unsampled caller's context
+    passed on to every function, recorded nowhere."""
+    extra = ["--otlp-endpoint", f"http://127.0.0.1:{receiver.server_port}", "--trace-sample", "0"]
+    with own_server(tmp_path / "srv", extra=extra) as srv:
+        srv.deploy(FUNCS / "traced")
+        sampled = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": STATE}
+        r = srv.invoke("tr-python", b"x", headers=sampled)
+        assert r.status == 200, r
+        seen = json.loads(r.body)
+        assert [e["fn"] for e in seen] == ["tr-python", "tr-go", "tr-node", "tr-cpp"], seen
+        assert wait_for(lambda: len(of_trace(TRACE_ID)) >= 4, 15), (Receiver.spans, Receiver.problems)
+        # Unsampled: passed on unchanged to every function, not recorded.
+        quiet, quiet_parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+        r = srv.invoke("tr-python", b"y", headers={"traceparent": f"00-{quiet}-{quiet_parent}-00"})
+        passed_on = json.loads(r.body)
+        # Without a context at --trace-sample 0: none in any runtime.
+        untraced = json.loads(srv.invoke("tr-python", b"z").body)
+        # One more traced call, so that everything before it has been exported.
+        srv.invoke("tr-python", b"w", headers={"traceparent": f"00-{'2' * 32}-{PARENT_ID}-01"})
+        assert wait_for(lambda: len(of_trace("2" * 32)) >= 4, 15), Receiver.problems
+    assert not Receiver.problems, Receiver.problems
+
+    spans = {s.name: s for s in of_trace(TRACE_ID)}
+    assert sorted(spans) == ["tr-cpp", "tr-go", "tr-node", "tr-python"] and len(of_trace(TRACE_ID)) == 4
+    chain = [spans[e["fn"]] for e in seen]
+    assert chain[0].parent_span_id.hex() == PARENT_ID
+    for parent, child in zip(chain, chain[1:]):
+        assert child.parent_span_id == parent.span_id, (parent.name, child.name)
+        assert parent.start_time_unix_nano <= child.start_time_unix_nano <= child.end_time_unix_nano \
+            <= parent.end_time_unix_nano, (parent.name, child.name)
+    assert all(s.trace_state == STATE for s in chain), [s.trace_state for s in chain]
+    # Each runtime's ctx: the trace, its own span as the parent of what it calls out, the state.
+    for e, span in zip(seen, chain):
+        assert e["trace_id"] == TRACE_ID, e
+        assert e["traceparent"] == f"00-{TRACE_ID}-{span.span_id.hex()}-01", e
+        assert e["tracestate"] == STATE, e
+    for e in passed_on:
+        assert (e["trace_id"], e["traceparent"]) == (quiet, f"00-{quiet}-{quiet_parent}-00"), e
+        assert not e["tracestate"], e
+    assert of_trace(quiet) == []
+    for e in untraced:
+        assert not e["trace_id"] and not e["traceparent"] and not e["tracestate"], e
+
+
+def chain_spans(trace_id):
+    spans = {s.name: s for s in of_trace(trace_id)}
+    assert sorted(spans) == ["chain-a", "chain-b", "chain-c"] and len(of_trace(trace_id)) == 3, spans
+    a, b, c = spans["chain-a"], spans["chain-b"], spans["chain-c"]
+    assert a.parent_span_id.hex() == PARENT_ID
+    return a, b, c
+
+
+def test_a_chain_across_servers_stays_one_trace(tmp_path, receiver):
+    """chain-a on engine 0 → chain-b on engine 1 → chain-c on engine 0:
+    every hop a Forward through the gateway; each engine exports its own
+    spans, nested in the one trace, with the caller's tracestate."""
+    from test_cluster import cluster, ids
+    otlp = ["--otlp-endpoint", f"http://127.0.0.1:{receiver.server_port}", "--trace-sample", "0"]
+    manifest = tmp_path / "chain.yml"
+    manifest.write_text("functions:\n" + "".join(
+        f"  chain-{x}:\n    runtime: python\n    source: {FUNCS / 'py'}\n    handler: chain:handle_{x}\n"
+        f"    placement: {{labels: {{host: engine{n}}}}}\n" for x, n in (("a", 0), ("b", 1), ("c", 0))))
+    with cluster(tmp_path / "cluster", engines=2, engine_extra=otlp) as gw:
+        out = gw.cli("deploy", str(manifest), timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        e = ids(gw.engine_procs)
+        headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": STATE}
+        r = gw.invoke("chain-a", b"x", headers=headers)
+        assert r.status == 200 and r.body == b"a(b(c(x)))", r
+        assert wait_for(lambda: len(of_trace(TRACE_ID)) >= 3, 15), (Receiver.spans, Receiver.problems)
+    assert not Receiver.problems, Receiver.problems
+    a, b, c = chain_spans(TRACE_ID)
+    assert b.parent_span_id == a.span_id and c.parent_span_id == b.span_id
+    assert (a.kind, b.kind, c.kind) == (2, 1, 1)
+    assert all(s.trace_state == STATE for s in (a, b, c))
+    engine_of = {s.name: res["staccato.engine"] for s, res in Receiver.spans}
+    assert engine_of["chain-b"] != engine_of["chain-a"] == engine_of["chain-c"], engine_of
+    assert {engine_of["chain-a"], engine_of["chain-b"]} == set(e), (engine_of, e)
+
+
+def test_internal_calls_through_the_gateway_carry_the_trace_as_headers(tmp_path, receiver):
+    """--internal-calls-via: each hop leaves as an HTTP call to the gateway
+    with traceparent/tracestate, and comes back as a SERVER span whose
+    parent is its caller's span."""
+    from harness import free_port
+    port = free_port()
+    extra = ["--otlp-endpoint", f"http://127.0.0.1:{receiver.server_port}", "--trace-sample", "0",
+             "--internal-calls-via", f"http://127.0.0.1:{port}"]
+    with own_server(tmp_path / "srv", port=port, extra=extra) as srv:
+        srv.deploy(FUNCS)
+        r = srv.invoke("chain-a", b"x", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": STATE})
+        assert r.status == 200 and r.body == b"a(b(c(x)))", r
+        assert wait_for(lambda: len(of_trace(TRACE_ID)) >= 3, 15), (Receiver.spans, Receiver.problems)
+    assert not Receiver.problems, Receiver.problems
+    a, b, c = chain_spans(TRACE_ID)
+    assert b.parent_span_id == a.span_id and c.parent_span_id == b.span_id
+    assert (a.kind, b.kind, c.kind) == (2, 2, 2), "each hop came in from outside"
+    assert all(s.trace_state == STATE for s in (a, b, c))
+
+
+def test_an_async_call_runs_in_its_callers_trace(tmp_path, receiver):
+    from harness import request
+    extra = ["--otlp-endpoint", f"http://127.0.0.1:{receiver.server_port}", "--trace-sample", "0"]
+    with own_server(tmp_path / "srv", extra=extra) as srv:
+        srv.deploy(FUNCS)
+        headers = {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": STATE}
+        r = request(srv.port, "POST", "/async-function/chain-a", body=b"x", headers=headers)
+        assert r.status == 202, r
+        assert wait_for(lambda: len(of_trace(TRACE_ID)) >= 3, 15), (Receiver.spans, Receiver.problems)
+        call = srv.get(r.json()["status_url"]).json()
+        assert call["state"] == "ok" and call["traceparent"] == headers["traceparent"], call
+    a, b, c = chain_spans(TRACE_ID)
+    assert b.parent_span_id == a.span_id and c.parent_span_id == b.span_id
+    assert a.trace_state == STATE

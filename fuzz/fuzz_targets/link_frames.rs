@@ -6,8 +6,8 @@ use api::auth::{Secret, HANDSHAKE_BODY_LEN_MAX};
 use libfuzzer_sys::fuzz_target;
 use std::io::{Cursor, Read, Write};
 use wire::frame::{
-    call_parts, call_trace, forward_frame, forward_parts, next_frame, FrameHeader, FrameKind, FORWARD_PREFIX_LEN,
-    FRAME_BODY_LEN_MAX, FRAME_HEADER_LEN, TRACE_CONTEXT_LEN,
+    call_parts, call_trace, forward_frame, forward_parts, next_frame, trace_block_len, FrameHeader, FrameKind,
+    FORWARD_PREFIX_LEN, FRAME_BODY_LEN_MAX, FRAME_HEADER_LEN, TRACE_STATE_LEN_MAX,
 };
 
 /// Reads come from the fuzzer's bytes; writes go nowhere.
@@ -39,24 +39,36 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(FrameHeader::decode(hb).map(|d| d.encode()), Ok(*hb));
         let body = &data[off + FRAME_HEADER_LEN..off + end];
         if h.kind == FrameKind::Call {
-            // After a trace context if the frame says it has one; a body
-            // too short for the context it claims has no name and input.
+            // After a trace block if the frame says it has one; a body
+            // without the whole block it claims has no name and input. A
+            // block decodes to a context that encodes back to a block.
             let (name, input) = call_parts(&h, body);
-            let ctx = call_trace(&h, body).map_or(0, <[u8]>::len);
+            let ctx = call_trace(&h, body);
+            let n = ctx.map_or(0, <[u8]>::len);
             assert!(
-                ctx + name.len() + input.len() == body.len()
-                    || (ctx == 0 && name.is_empty() && input.is_empty() && body.len() < TRACE_CONTEXT_LEN)
+                n + name.len() + input.len() == body.len()
+                    || (ctx.is_none() && name.is_empty() && input.is_empty() && trace_block_len(body).is_none())
             );
+            if let Some(t) = ctx.and_then(api::trace::TraceContext::decode) {
+                let again = t.encode();
+                assert_eq!(trace_block_len(&again), Some(again.len()));
+                assert!(t.state.len() <= TRACE_STATE_LEN_MAX);
+            }
         }
         if h.kind == FrameKind::Forward {
             // Split within the body, or refused; a split one is written
             // back to the same body.
             if let Some(f) = forward_parts(&h, body) {
-                assert_eq!(FORWARD_PREFIX_LEN + f.name.len() + f.input.len(), body.len());
+                assert_eq!(FORWARD_PREFIX_LEN + f.trace.len() + f.name.len() + f.input.len(), body.len());
                 let again = forward_frame(h.call_id, h.call_timeout_ms(), h.forward_depth(), &f);
                 assert_eq!(&again[FRAME_HEADER_LEN..], body);
             } else {
-                assert!(body.len() < FORWARD_PREFIX_LEN + h.call_name_len() as usize);
+                let rest = body.get(FORWARD_PREFIX_LEN..).unwrap_or(&[]);
+                let block = if h.forward_traced() { trace_block_len(rest) } else { Some(0) };
+                assert!(
+                    body.len() < FORWARD_PREFIX_LEN
+                        || block.is_none_or(|b| rest.len() < b + h.call_name_len() as usize)
+                );
             }
         }
         off += end;

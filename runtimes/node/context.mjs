@@ -39,18 +39,44 @@ export function wallMs() {
  *
  * `callId` / `parentCallId` are the wire ids as BigInts (`parentCallId` is 0n
  * for calls from the gateway); `deadlineUs` is the absolute deadline in
- * microseconds since the Unix epoch (0n: none).
+ * microseconds since the Unix epoch (0n: none). `traceId`, `traceparent` and
+ * `tracestate` are the invocation's W3C trace context when it has one (the
+ * engine traces it, or its caller sent one), else null; internal calls carry
+ * it without being told.
  */
 export class Context {
   #channel;
   #prefix = null;
   #logger = null;
+  #trace;
 
-  constructor(channel, callId, parentCallId, deadlineUs) {
+  constructor(channel, callId, parentCallId, deadlineUs, trace = null) {
     this.#channel = channel;
     this.callId = callId;
     this.parentCallId = parentCallId;
     this.deadlineUs = deadlineUs;
+    this.#trace = trace; // the Dispatch's trace bytes, or null
+  }
+
+  /** The trace's id, 32 lower-case hex digits, or null. */
+  get traceId() {
+    return this.#trace === null ? null : this.#trace.toString('hex', 0, 16);
+  }
+
+  /**
+   * A `traceparent` header naming this invocation's span as the parent (for
+   * calls to services outside Staccato), or null.
+   */
+  get traceparent() {
+    const t = this.#trace;
+    if (t === null) return null;
+    return `00-${t.toString('hex', 0, 16)}-${t.toString('hex', 16, 24)}-0${t[24] & 1}`;
+  }
+
+  /** The caller's `tracestate`, or null when there is none. */
+  get tracestate() {
+    const t = this.#trace;
+    return t === null || t.length <= 25 ? null : t.toString('latin1', 25);
   }
 
   /** The function's name. */

@@ -23,7 +23,7 @@ import { CallError, ErrorKind, ERROR_NAMES } from './errors.mjs';
 import {
   COMPLETION, CREATE_WORKER, DISPATCH, FAILURE, HEADER_LEN, INLINE_MAX, INVOKE, KIND_NAMES,
   LAUNCHER_HELLO, MESSAGE_LEN, NAME_MAX, OFF_CALL_ID, OFF_DEADLINE_US, OFF_ERROR_KIND, OFF_FLAGS,
-  OFF_PARENT_CALL_ID, OFF_PAYLOAD_LEN, OFF_WORKER_ID, PAYLOAD_IN_SHM, STOP_WORKER, WORKER_HELLO,
+  OFF_NAME_LEN, OFF_PARENT_CALL_ID, OFF_PAYLOAD_LEN, OFF_WORKER_ID, PAYLOAD_IN_SHM, STOP_WORKER, WORKER_HELLO,
   channelFileNames, shmFileName, validate, writeHeader,
 } from './wire.mjs';
 
@@ -283,7 +283,10 @@ export class WorkerChannel extends Channel {
     const callId = buf.readBigUInt64LE(off + OFF_CALL_ID);
     const parentCallId = buf.readBigUInt64LE(off + OFF_PARENT_CALL_ID);
     const deadlineUs = buf.readBigUInt64LE(off + OFF_DEADLINE_US);
-    const len = buf.readUInt32LE(off + OFF_PAYLOAD_LEN);
+    let len = buf.readUInt32LE(off + OFF_PAYLOAD_LEN);
+    // A trace context first, if the call has one (docs/protocol.md).
+    const traceLen = buf.readUInt16LE(off + OFF_NAME_LEN);
+    const trace = traceLen === 0 ? null : Buffer.from(buf.subarray(off + HEADER_LEN, off + HEADER_LEN + traceLen));
     let data;
     if (buf.readUInt16LE(off + OFF_FLAGS) & PAYLOAD_IN_SHM) {
       try {
@@ -292,13 +295,14 @@ export class WorkerChannel extends Channel {
         this.sendFailure(callId, parentCallId, INTERNAL, `cannot read input: ${e.message}`);
         return;
       }
-    } else if (len === 0) {
+    } else if (len === traceLen) {
       data = Buffer.alloc(0);
     } else {
+      len -= traceLen;
       data = Buffer.allocUnsafe(len);
-      buf.copy(data, 0, off + HEADER_LEN, off + HEADER_LEN + len);
+      buf.copy(data, 0, off + HEADER_LEN + traceLen, off + HEADER_LEN + traceLen + len);
     }
-    const ctx = new Context(this, callId, parentCallId, deadlineUs);
+    const ctx = new Context(this, callId, parentCallId, deadlineUs, trace);
     let result;
     try {
       result = this.runtime.handler(ctx, data);

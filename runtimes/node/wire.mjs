@@ -10,6 +10,10 @@ export const MESSAGE_LEN = 1024;
 export const HEADER_LEN = 64;
 export const INLINE_MAX = MESSAGE_LEN - HEADER_LEN; // 960
 export const NAME_MAX = 64;
+/** A traced Dispatch starts its inline area with trace id (16), span id (8),
+ * flags (1), then the tracestate (up to 512 bytes): name_len bytes. */
+export const TRACE_CONTEXT_LEN = 25;
+export const TRACE_LEN_MAX = TRACE_CONTEXT_LEN + 512;
 
 // Header offsets.
 export const OFF_KIND = 0;
@@ -74,12 +78,17 @@ export function validate(buf, off = 0) {
   const nameLen = buf.readUInt16LE(off + OFF_NAME_LEN);
   if (kind === INVOKE) {
     if (nameLen < 1 || nameLen > NAME_MAX) return `Invoke name_len ${nameLen} outside 1..${NAME_MAX}`;
+  } else if (kind === DISPATCH) {
+    if (nameLen !== 0 && (nameLen < TRACE_CONTEXT_LEN || nameLen > TRACE_LEN_MAX)) {
+      return `Dispatch name_len ${nameLen} is neither 0 nor ${TRACE_CONTEXT_LEN}..${TRACE_LEN_MAX}`;
+    }
   } else if (nameLen !== 0) {
-    return `name_len ${nameLen} on a non-Invoke message`;
+    return `name_len ${nameLen} on a ${KIND_NAMES[kind]}`;
   }
   if (flags !== 0) { // PAYLOAD_IN_SHM, the only known flag
     if (kind < DISPATCH) return `PAYLOAD_IN_SHM on ${KIND_NAMES[kind]}`;
-    // In shm, only an Invoke's callee name stays inline (name_len <= 64 < 960).
+    // In shm, only an Invoke's callee name or a Dispatch's trace context
+    // stays inline (name_len <= 537 < 960).
   } else {
     const payloadLen = buf.readUInt32LE(off + OFF_PAYLOAD_LEN);
     if (payloadLen > INLINE_MAX) return `inline payload_len ${payloadLen} exceeds ${INLINE_MAX}`;
@@ -96,7 +105,8 @@ export function validate(buf, off = 0) {
 
 /**
  * Number of used inline bytes of a valid message at `off`: the payload when
- * it is inline, the callee name of an Invoke whose input is in shm, else 0.
+ * it is inline, the callee name of an Invoke or the trace context of a
+ * Dispatch whose input is in shm, else 0.
  */
 export function inlineUsed(buf, off = 0) {
   if (buf.readUInt16LE(off + OFF_FLAGS) & PAYLOAD_IN_SHM) return buf.readUInt16LE(off + OFF_NAME_LEN);

@@ -30,9 +30,10 @@ use subtle::ConstantTimeEq;
 /// spec, 6 no `auth` in a spec (an engine of 6 would serve a function that
 /// needs an invoke key at its front door without one), 7 no trace context
 /// in a `Call` frame (an engine of 7 would read its 25 bytes as the
-/// function's name); an engine refuses every other version with a message
+/// function's name), 8 no `tracestate` in it and no trace context in a
+/// `Forward` frame; an engine refuses every other version with a message
 /// saying which it speaks.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 
 /// The first bytes of a `Hello` body: tells a Staccato peer from a stray one.
 pub const HELLO_MAGIC: [u8; 4] = *b"STCO";

@@ -57,8 +57,9 @@ pub struct CallRequest {
     pub timeout_ms: u32,
     /// The client asked to close the connection after the answer.
     pub close: bool,
-    /// Its `traceparent`, if it sent one valid header (`crate::trace`).
-    pub trace: Option<crate::trace::TraceParent>,
+    /// Its `traceparent`, if it sent one valid header, with its
+    /// `tracestate` (`crate::trace`).
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -95,8 +96,9 @@ pub fn parse_call(buf: &[u8], payload_max: usize, loopback_only: bool) -> Parsed
     }
     let Some(name) = call_target(req.path.unwrap_or("")) else { return Parsed::HandOver("not a call's path") };
     let (mut length, mut host, mut close, mut timeout) = (None, None, false, 0);
-    // (seen, the valid value): a second traceparent voids both.
-    let mut trace: (u32, Option<crate::trace::TraceParent>) = (0, None);
+    // (seen, the value): a second traceparent voids both.
+    let mut trace: (u32, &[u8]) = (0, &[]);
+    let mut states: Vec<&[u8]> = Vec::new();
     for h in req.headers.iter() {
         let n = h.name;
         if n.eq_ignore_ascii_case("content-length") {
@@ -122,7 +124,9 @@ pub fn parse_call(buf: &[u8], payload_max: usize, loopback_only: bool) -> Parsed
                 }
             }
         } else if n.eq_ignore_ascii_case(crate::trace::HEADER) {
-            trace = (trace.0 + 1, crate::trace::TraceParent::parse(h.value));
+            trace = (trace.0 + 1, h.value);
+        } else if n.eq_ignore_ascii_case(crate::trace::STATE_HEADER) {
+            states.push(h.value);
         } else if n.eq_ignore_ascii_case(TIMEOUT_HEADER) {
             match timeout_ms(h.value) {
                 Some(ms) if timeout == 0 => timeout = ms,
@@ -146,7 +150,7 @@ pub fn parse_call(buf: &[u8], payload_max: usize, loopback_only: bool) -> Parsed
     if buf.len() < end {
         return Parsed::PartialBody;
     }
-    let trace = if trace.0 == 1 { trace.1 } else { None };
+    let trace = if trace.0 == 1 { crate::trace::TraceContext::from_headers(trace.1, states.into_iter()) } else { None };
     Parsed::Call(CallRequest { name: name.to_string(), body: head_len..end, timeout_ms: timeout, close, trace })
 }
 
@@ -191,12 +195,21 @@ mod tests {
     fn a_traceparent_is_read_once_and_a_bad_or_repeated_one_ignored() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let trace_of = |headers: &str| match call(&format!("POST /function/f HTTP/1.1\r\n{headers}\r\n")) {
-            Parsed::Call(c) => c.trace,
+            Parsed::Call(c) => c.trace.map(|t| t.parent),
             other => panic!("{other:?}"),
         };
         assert_eq!(trace_of(&format!("traceparent: {tp}\r\n")), crate::trace::TraceParent::parse(tp.as_bytes()));
         assert_eq!(trace_of("Traceparent: 00-xyz\r\n"), None);
         assert_eq!(trace_of(&format!("traceparent: {tp}\r\ntraceparent: {tp}\r\n")), None);
+        // Its tracestate: every header's members, in order; alone it is nothing.
+        let state_of = |headers: &str| match call(&format!("POST /function/f HTTP/1.1\r\n{headers}\r\n")) {
+            Parsed::Call(c) => c.trace.map(|t| t.state),
+            other => panic!("{other:?}"),
+        };
+        let two = format!("tracestate: a=1\r\ntraceparent: {tp}\r\nTraceState: b=2, c=3\r\n");
+        assert_eq!(state_of(&two).as_deref(), Some("a=1,b=2,c=3"));
+        assert_eq!(state_of(&format!("traceparent: {tp}\r\ntracestate: A=1\r\n")).as_deref(), Some(""));
+        assert_eq!(state_of("tracestate: a=1\r\n"), None);
     }
 
     #[test]

@@ -683,7 +683,7 @@ impl IoThread {
         rec.nested = held > 0;
         if let Some(t) = &self.shared.tracer {
             // A traced caller's call is its child span.
-            rec.trace = self.shared.calls.with(parent, |r| r.trace).flatten().map(|p| t.child(&p));
+            rec.trace = self.shared.calls.with(parent, |r| r.trace.as_ref().map(|p| t.child(p))).flatten();
         }
         self.submit(h.call_id, rec);
     }
@@ -695,9 +695,11 @@ impl IoThread {
         let sent = self.leaving(h, m, &mut out)?;
         // The parent as the callee's engine will show it: its caller's id
         // for it if it too came from another server.
+        let trace = sent.trace.map(|c| c.encode()).unwrap_or_default();
         let f = wire::frame::Forward {
             origin_call_id: h.call_id,
             parent_call_id: self.shared.remote.shown_id(out.parent_call_id),
+            trace: &trace,
             name: name.as_bytes(),
             input: &sent.input,
         };
@@ -719,7 +721,13 @@ impl IoThread {
     /// Sends an internal call to the gateway over HTTP (`--internal-calls-via`).
     fn via_gateway(&mut self, h: &Header, m: &Message, mut out: OutCall) -> Result<(), (ErrorKind, String)> {
         let sent = self.leaving(h, m, &mut out)?;
-        let job = crate::via_gateway::Job { call_id: h.call_id, out, input: sent.input, timeout_ms: sent.timeout_ms };
+        let job = crate::via_gateway::Job {
+            call_id: h.call_id,
+            out,
+            input: sent.input,
+            timeout_ms: sent.timeout_ms,
+            trace: sent.trace,
+        };
         if let Some(v) = &self.shared.via_gateway {
             v.submit(&self.shared, job);
         }
@@ -772,7 +780,14 @@ impl IoThread {
         } else {
             m.inline(h)[name_len..].to_vec()
         };
-        Ok(Leaving { input, timeout_ms, depth })
+        // The caller's context goes along (its callee's engine, or the
+        // gateway's, makes the callee's span).
+        let trace = if self.shared.tracer.is_some() {
+            self.shared.calls.with(out.parent_call_id, |r| r.trace.as_ref().map(|c| c.outgoing())).flatten()
+        } else {
+            None
+        };
+        Ok(Leaving { input, timeout_ms, depth, trace })
     }
 
     fn submit(&mut self, call_id: u64, rec: CallRecord) {
@@ -1043,17 +1058,17 @@ impl IoThread {
             frame.extend_from_slice(msg.as_bytes());
             this.queue_write(conn, &frame);
         };
-        let (name, input, parent, depth) = match fh.kind {
+        let (name, input, parent, depth, trace) = match fh.kind {
             FrameKind::Call => {
                 let (name, input) = wire::frame::call_parts(&fh, &body);
-                (name, input, None, 0)
+                (name, input, None, 0, wire::frame::call_trace(&fh, &body).unwrap_or(&[]))
             }
             FrameKind::Forward => {
                 let Some(f) = wire::frame::forward_parts(&fh, &body) else {
                     let msg = format!("a Forward frame of {} bytes cannot hold its ids and name", body.len());
                     return reject(self, ErrorKind::BadRequest, msg);
                 };
-                (f.name, f.input, Some((f.origin_call_id, f.parent_call_id)), fh.forward_depth())
+                (f.name, f.input, Some((f.origin_call_id, f.parent_call_id)), fh.forward_depth(), f.trace)
             }
             FrameKind::Result | FrameKind::Error => return self.on_answer(conn, fh, body),
             FrameKind::Ping => {
@@ -1101,9 +1116,14 @@ impl IoThread {
         let origin = Origin::Gateway { thread: self.idx, conn };
         let mut rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us);
         rec.background = fh.kind == FrameKind::Call && fh.call_background();
-        if let (Some(t), FrameKind::Call) = (&self.shared.tracer, fh.kind) {
-            let parent = wire::frame::call_trace(&fh, &body).and_then(api::trace::TraceParent::decode);
-            rec.trace = t.root(parent);
+        if let Some(t) = &self.shared.tracer {
+            // A block that does not decode is ignored, as a header would be.
+            let ctx = (!trace.is_empty()).then(|| api::trace::TraceContext::decode(trace)).flatten();
+            rec.trace = match (parent, ctx) {
+                (Some(_), Some(c)) => Some(t.forwarded(c)),
+                (Some(_), None) => None,
+                (None, c) => t.root(c),
+            };
         }
         if let Some((origin_id, parent)) = parent {
             // Shown under its caller's ids; its chain here starts with it,
@@ -1264,4 +1284,6 @@ struct Leaving {
     /// What is left of the caller's deadline, or None if it has none.
     timeout_ms: Option<u64>,
     depth: u32,
+    /// The caller's trace context, if it has one and tracing is on.
+    trace: Option<api::trace::TraceContext>,
 }

@@ -2,15 +2,24 @@
 //! to a collector (`--otlp-endpoint`).
 //!
 //! Which calls: an external call whose caller sent a sampled W3C
-//! `traceparent` is traced in that trace (parent-based: an unsampled parent
-//! is not traced); one without a parent is traced with probability
-//! `--trace-sample`, in a trace of its own. An internal call is traced when
-//! its caller is, as its child: the engine knows every call's parent
-//! (`CallRecord::parent_call_id`), so no runtime carries anything for it.
+//! `traceparent` is traced in that trace (parent-based); one without a
+//! parent is traced with probability `--trace-sample`, in a trace of its
+//! own. An internal call is traced when its caller is, as its child: the
+//! engine knows every call's parent (`CallRecord::parent_call_id`), so no
+//! runtime carries anything for it; a call forwarded to another server
+//! takes its context along (`Forward` frames), and one sent through a
+//! gateway over HTTP (`--internal-calls-via`) its `traceparent`.
 //!
 //! Whatever the callers' flags say, at most [`ROOTS_PER_S`] traces start a
 //! second (a client, or an SDK sampling everything, cannot make the engine
 //! trace every call); a trace that started keeps all its calls.
+//!
+//! A call that is not recorded but came with a context (an unsampled
+//! parent, or one over the limit) passes it on unchanged but for the
+//! sampled flag, which says whether this engine records: its internal
+//! calls, the callee engines of its forwarded calls, and its function (the
+//! ctx's trace id and `traceparent`, given in the `Dispatch`) see the
+//! caller's trace.
 //!
 //! One span per call: the function's name, from the engine's receipt of the
 //! call to its completion, with queue and execution time, cold start,
@@ -21,7 +30,7 @@
 //! A batch the collector does not take is dropped (logged), not retried
 //! beyond one fresh connection; spans still queued at exit are lost.
 
-use api::trace::TraceParent;
+use api::trace::{TraceContext, TraceParent};
 use client::http::Requester;
 use std::cell::Cell;
 use std::io::Read;
@@ -38,15 +47,42 @@ const BATCH: usize = 512;
 pub const ROOTS_PER_S: u64 = 1_000;
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
-/// A traced call's place in its trace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A call's place in its trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpanCtx {
     pub trace_id: u128,
+    /// This call's span; the caller's if it is not recorded.
     pub span_id: u64,
     /// The caller's span (0 for the root of a trace).
     pub parent_span_id: u64,
     /// An internal call (its caller is a function).
     pub internal: bool,
+    /// Recorded: its span is exported, and the flag it passes on says so.
+    pub recorded: bool,
+    /// The caller's `tracestate`, passed on as it came.
+    pub state: Option<Arc<str>>,
+}
+
+impl SpanCtx {
+    /// The context its own calls and function see: this span (or the one
+    /// it passes on) as their parent.
+    pub fn outgoing(&self) -> TraceContext {
+        TraceContext {
+            parent: TraceParent { trace_id: self.trace_id, parent_id: self.span_id, sampled: self.recorded },
+            state: self.state.as_deref().unwrap_or("").to_owned(),
+        }
+    }
+
+    /// A `Dispatch`'s prefix (docs/protocol.md: trace id, span id, flags,
+    /// state) followed by `input`.
+    pub fn dispatch_prefix(&self, input: &[u8]) -> Vec<u8> {
+        let state = self.state.as_deref().unwrap_or("");
+        let mut b = Vec::with_capacity(api::trace::WIRE_LEN + state.len() + input.len());
+        b.extend_from_slice(&self.outgoing().parent.encode());
+        b.extend_from_slice(state.as_bytes());
+        b.extend_from_slice(input);
+        b
+    }
 }
 
 /// A finished call, as its span says it.
@@ -107,24 +143,70 @@ impl Tracer {
     }
 
     /// The span of an external call: in its caller's trace if that one is
-    /// sampled, in a new trace if it has no parent and the dice say so.
-    pub fn root(&self, parent: Option<TraceParent>) -> Option<SpanCtx> {
-        let (trace_id, parent_span_id) = match parent {
-            Some(p) if p.sampled => (p.trace_id, p.parent_id),
-            Some(_) => return None,
-            None if self.threshold > 0 && random() <= self.threshold => (0, 0),
-            None => return None,
-        };
-        if !self.take_root() {
-            return None;
+    /// sampled, in a new trace if it has no parent and the dice say so;
+    /// an unrecorded caller's context passed on.
+    pub fn root(&self, parent: Option<TraceContext>) -> Option<SpanCtx> {
+        match parent {
+            Some(p) if p.parent.sampled && self.take_root() => Some(Self::recorded(&p, false)),
+            Some(p) => Some(Self::passed_on(&p, false)),
+            None if self.threshold > 0 && random() <= self.threshold && self.take_root() => Some(SpanCtx {
+                trace_id: id128(),
+                span_id: id64(),
+                parent_span_id: 0,
+                internal: false,
+                recorded: true,
+                state: None,
+            }),
+            None => None,
         }
-        let trace_id = if trace_id == 0 { id128() } else { trace_id };
-        Some(SpanCtx { trace_id, span_id: id64(), parent_span_id, internal: false })
     }
 
-    /// The span of an internal call made by a traced call.
+    /// The span of a call forwarded from another server's engine, which
+    /// recorded its caller if the flag says so (its trace started within
+    /// that engine's limit, so it is not counted again here).
+    pub fn forwarded(&self, parent: TraceContext) -> SpanCtx {
+        if parent.parent.sampled {
+            Self::recorded(&parent, true)
+        } else {
+            Self::passed_on(&parent, true)
+        }
+    }
+
+    /// The span of an internal call made by a call with a context.
     pub fn child(&self, parent: &SpanCtx) -> SpanCtx {
-        SpanCtx { trace_id: parent.trace_id, span_id: id64(), parent_span_id: parent.span_id, internal: true }
+        if !parent.recorded {
+            return SpanCtx { internal: true, ..parent.clone() };
+        }
+        SpanCtx {
+            trace_id: parent.trace_id,
+            span_id: id64(),
+            parent_span_id: parent.span_id,
+            internal: true,
+            recorded: true,
+            state: parent.state.clone(),
+        }
+    }
+
+    fn recorded(p: &TraceContext, internal: bool) -> SpanCtx {
+        SpanCtx {
+            trace_id: p.parent.trace_id,
+            span_id: id64(),
+            parent_span_id: p.parent.parent_id,
+            internal,
+            recorded: true,
+            state: (!p.state.is_empty()).then(|| p.state.as_str().into()),
+        }
+    }
+
+    fn passed_on(p: &TraceContext, internal: bool) -> SpanCtx {
+        SpanCtx {
+            trace_id: p.parent.trace_id,
+            span_id: p.parent.parent_id,
+            parent_span_id: p.parent.parent_id,
+            internal,
+            recorded: false,
+            state: (!p.state.is_empty()).then(|| p.state.as_str().into()),
+        }
     }
 
     /// Hands a finished span to the exporter; never waits.
@@ -306,6 +388,9 @@ pub fn otlp_json(spans: &[Span], engine: &str) -> Vec<u8> {
             if s.ctx.parent_span_id != 0 {
                 v["parentSpanId"] = json!(format!("{:016x}", s.ctx.parent_span_id));
             }
+            if let Some(state) = &s.ctx.state {
+                v["traceState"] = json!(&**state);
+            }
             v
         })
         .collect();
@@ -330,21 +415,44 @@ mod tests {
             roots: AtomicU64::new(0),
             started: Instant::now(),
         };
-        let p = TraceParent { trace_id: 5, parent_id: 6, sampled: true };
-        let s = t(0.0).root(Some(p)).expect("a sampled parent is followed whatever the ratio");
-        assert_eq!((s.trace_id, s.parent_span_id, s.internal), (5, 6, false));
-        assert_eq!(t(1.0).root(Some(TraceParent { sampled: false, ..p })), None);
+        let p = TraceContext { parent: TraceParent { trace_id: 5, parent_id: 6, sampled: true }, state: "a=b".into() };
+        let s = t(0.0).root(Some(p.clone())).expect("a sampled parent is followed whatever the ratio");
+        assert_eq!((s.trace_id, s.parent_span_id, s.internal, s.recorded), (5, 6, false, true));
+        assert_eq!(s.state.as_deref(), Some("a=b"));
+        assert!(s.span_id != 6);
+        // An unsampled parent is passed on, not recorded, to the function and its callees.
+        let unsampled = TraceContext { parent: TraceParent { sampled: false, ..p.parent }, state: String::new() };
+        let u = t(1.0).root(Some(unsampled.clone())).expect("passed on");
+        assert_eq!((u.trace_id, u.span_id, u.recorded, u.state.clone()), (5, 6, false, None));
+        assert_eq!(u.outgoing(), unsampled);
+        let uc = t(1.0).child(&u);
+        assert_eq!((uc.span_id, uc.recorded, uc.internal), (6, false, true));
         assert_eq!(t(0.0).root(None), None);
         let c = t(1.0).root(None).expect("ratio 1 traces every root");
-        assert!(c.trace_id != 0 && c.span_id != 0 && c.parent_span_id == 0);
+        assert!(c.trace_id != 0 && c.span_id != 0 && c.parent_span_id == 0 && c.recorded);
         let k = t(1.0).child(&c);
-        assert_eq!((k.trace_id, k.parent_span_id, k.internal), (c.trace_id, c.span_id, true));
+        assert_eq!((k.trace_id, k.parent_span_id, k.internal, k.recorded), (c.trace_id, c.span_id, true, true));
+        // Across servers: a recorded caller's callee is recorded there, beyond the limit.
+        let f = t(0.0).forwarded(k.outgoing());
+        assert_eq!((f.trace_id, f.parent_span_id, f.internal, f.recorded), (k.trace_id, k.span_id, true, true));
+        assert!(!t(0.0).forwarded(u.outgoing()).recorded);
+        // The Dispatch prefix: context, then state, then the input.
+        let d = s.dispatch_prefix(b"in");
+        assert_eq!(
+            TraceParent::decode(&d[..25]),
+            Some(TraceParent { trace_id: 5, parent_id: s.span_id, sampled: true })
+        );
+        assert_eq!(&d[25..], b"a=bin");
         let n = (0..20_000).filter(|_| t(0.1).root(None).is_some()).count();
         assert!((1_600..2_400).contains(&n), "{n} of 20,000 at 10%");
         // A client sampling every call starts at most ROOTS_PER_S traces a second.
         let one = t(0.0);
-        let started = (0..3 * ROOTS_PER_S).filter(|_| one.root(Some(p)).is_some()).count() as u64;
+        let started =
+            (0..3 * ROOTS_PER_S).filter(|_| one.root(Some(p.clone())).is_some_and(|s| s.recorded)).count() as u64;
         assert!((ROOTS_PER_S..=2 * ROOTS_PER_S).contains(&started), "{started}");
+        // Those over the limit are passed on, flagged unsampled.
+        let over = (0..3 * ROOTS_PER_S).filter_map(|_| one.root(Some(p.clone()))).find(|s| !s.recorded);
+        assert!(over.is_some_and(|o| !o.outgoing().parent.sampled && o.span_id == 6));
     }
 
     #[test]
@@ -353,7 +461,14 @@ mod tests {
         assert_eq!(split_endpoint("http://c:4318/").unwrap(), ("http://c:4318".into(), "/v1/traces".into()));
         assert_eq!(split_endpoint("http://c:4318/x/y").unwrap(), ("http://c:4318".into(), "/x/y".into()));
         assert!(split_endpoint("https://c").is_err() && split_endpoint("http:///v1").is_err());
-        let ctx = SpanCtx { trace_id: 1, span_id: 2, parent_span_id: 3, internal: true };
+        let ctx = SpanCtx {
+            trace_id: 1,
+            span_id: 2,
+            parent_span_id: 3,
+            internal: true,
+            recorded: true,
+            state: Some("k=v".into()),
+        };
         let span = Span {
             ctx,
             function: "f".into(),
@@ -375,5 +490,6 @@ mod tests {
         );
         assert_eq!((s["kind"].as_u64(), s["status"]["code"].as_u64()), (Some(1), Some(2)));
         assert_eq!((s["startTimeUnixNano"].as_str(), s["endTimeUnixNano"].as_str()), (Some("10"), Some("20")));
+        assert_eq!(s["traceState"], "k=v");
     }
 }

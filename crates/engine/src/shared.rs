@@ -312,7 +312,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What `pump` decided, done after the function's lock is released.
 enum Action {
-    Dispatch { tx: Arc<File>, header: Header, input: Payload },
+    Dispatch { tx: Arc<File>, header: Header, input: Payload, trace: Option<crate::otel::SpanCtx> },
     CreateWorker { launcher_tx: Arc<File>, worker_id: u32 },
     StartLauncher,
     Stop { tx: Arc<File>, worker_id: u32 },
@@ -521,9 +521,9 @@ impl Shared {
                 header.worker_id = worker_id;
                 header.deadline_us = rec.deadline_us;
                 let input = rec.input.take().unwrap_or(Payload::Bytes(Vec::new()));
-                (header, input, now.saturating_sub(rec.recv_ns))
+                (header, input, now.saturating_sub(rec.recv_ns), rec.trace.clone())
             });
-            let Some((header, input, queued)) = taken else {
+            let Some((header, input, queued, trace)) = taken else {
                 // Timed out while queued.
                 core.sched.unreserve(worker_id);
                 continue;
@@ -533,7 +533,7 @@ impl Shared {
             if header.parent_call_id != 0 {
                 self.calls.with(header.parent_call_id, |p| p.sub_queue_ns += queued);
             }
-            out.push(Action::Dispatch { tx: handle.tx.clone(), header, input });
+            out.push(Action::Dispatch { tx: handle.tx.clone(), header, input, trace });
         }
     }
 
@@ -604,12 +604,21 @@ impl Shared {
 
     fn act(&self, func: &Arc<Function>, a: Action, replies: &mut Vec<GatewayReply>) {
         match a {
-            Action::Dispatch { tx, mut header, input } => {
+            Action::Dispatch { tx, mut header, input, trace } => {
                 let call_id = header.call_id;
+                // A call with a trace context starts the inline area with it
+                // (docs/protocol.md: the Dispatch's `name_len` bytes).
+                let prefix_len =
+                    trace.as_ref().map_or(0, |t| api::trace::WIRE_LEN + t.state.as_deref().map_or(0, str::len));
+                debug_assert!(prefix_len <= wire::message::DISPATCH_TRACE_LEN_MAX);
+                header.name_len = prefix_len as u16;
                 let inline = match input {
-                    Payload::Bytes(b) if b.len() <= INLINE_LEN_MAX => {
-                        header.payload_len = b.len() as u32;
-                        Some(b)
+                    Payload::Bytes(b) if prefix_len + b.len() <= INLINE_LEN_MAX => {
+                        header.payload_len = (prefix_len + b.len()) as u32;
+                        Some(match &trace {
+                            Some(t) => t.dispatch_prefix(&b),
+                            None => b,
+                        })
                     }
                     Payload::Bytes(b) => {
                         header.flags = FLAG_PAYLOAD_IN_SHM;
@@ -632,6 +641,8 @@ impl Shared {
                         None
                     }
                 };
+                // In shm, the context alone stays inline.
+                let inline = inline.or_else(|| trace.as_ref().map(|t| t.dispatch_prefix(&[])));
                 header.send_ts_ns = sys::clock::monotonic_ns();
                 let msg = Message::new(&header, inline.as_deref().unwrap_or(&[]));
                 if let Err(e) = sys::channel::write_message(&tx, &msg) {
@@ -741,11 +752,11 @@ impl Shared {
             outcome,
             hop: if rec.depth_above > 0 { Hop::In } else { Hop::Local },
         };
-        if let (Some(tracer), Some(ctx)) = (&self.tracer, rec.trace) {
+        if let (Some(tracer), Some(ctx)) = (&self.tracer, rec.trace.as_ref().filter(|c| c.recorded)) {
             let start_unix_ns = rec.recv_unix_us * 1000;
             let dispatched = t.dispatch_ns >= t.receive_ns && t.dispatch_ns > 0;
             tracer.finish(crate::otel::Span {
-                ctx,
+                ctx: ctx.clone(),
                 function: rec.func.spec.name.clone(),
                 call_id,
                 start_unix_ns,

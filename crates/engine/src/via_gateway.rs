@@ -5,8 +5,9 @@
 //!
 //! Each such call goes to a pool of threads with blocking keep-alive HTTP
 //! connections to the gateway, which routes it like any external call (so
-//! it comes back to an engine as a new call, without its parent, depth or
-//! trace links: exactly what a gateway-routed system knows). A thread is
+//! it comes back to an engine as a new call, without its parent or depth:
+//! exactly what a gateway-routed system knows; its W3C trace context goes
+//! along as headers, as any traced HTTP client's would). A thread is
 //! added whenever every one is busy, up to [`THREADS_MAX`]: a chain of
 //! calls waiting for each other must never wait for a thread that one of
 //! them holds. Threads idle for [`IDLE_EXIT`] end.
@@ -36,6 +37,8 @@ pub(crate) struct Job {
     /// What is left of the caller's deadline (ms), or None: the callee's
     /// own timeout.
     pub timeout_ms: Option<u64>,
+    /// The caller's trace context: sent as `traceparent`/`tracestate`.
+    pub trace: Option<api::trace::TraceContext>,
 }
 
 #[derive(Default)]
@@ -135,7 +138,17 @@ fn caller_thread(shared: Weak<Shared>, base: String) {
 fn call(c: &mut client::Client, job: &Job) -> Outcome {
     let path = format!("/function/{}", job.out.callee);
     let timeout = job.timeout_ms.map(|ms| ms.max(1).to_string());
-    let headers: Vec<(&str, &str)> = timeout.iter().map(|t| ("x-staccato-timeout-ms", t.as_str())).collect();
+    let mut headers: Vec<(&str, &str)> = timeout.iter().map(|t| ("x-staccato-timeout-ms", t.as_str())).collect();
+    let parent = job.trace.as_ref().map(|t| {
+        let p = &t.parent;
+        api::trace::TraceParent::header(p.trace_id, p.parent_id, p.sampled)
+    });
+    if let (Some(p), Some(t)) = (&parent, &job.trace) {
+        headers.push((api::trace::HEADER, p));
+        if !t.state.is_empty() {
+            headers.push((api::trace::STATE_HEADER, &t.state));
+        }
+    }
     match c.request_with_headers("POST", &path, &job.input, &headers) {
         Ok(r) if r.status == 200 => Outcome::Ok(Payload::Bytes(r.body)),
         Ok(r) => {

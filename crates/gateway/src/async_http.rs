@@ -33,6 +33,7 @@ pub(crate) async fn accept(sh: &GwShared, th: &ThreadState, name: &str, req: Req
     // The store says whether a key is needed: a call accepted now runs
     // later, so it is judged here on what is stored, not on the table.
     let bearer = inputs::bearer(req.headers()).to_vec();
+    let trace = inputs::trace_headers(req.headers());
     let mut verdict = sh.keys.check(name, &bearer);
     // The table is older than the store (it says open, the store keyed):
     // read again. A call without a key of a function the table knows is
@@ -103,6 +104,11 @@ pub(crate) async fn accept(sh: &GwShared, th: &ThreadState, name: &str, req: Req
         callback_status: None,
         replays: 0,
         not_started: 0,
+        traceparent: trace.as_ref().map(|t| {
+            let p = &t.parent;
+            api::trace::TraceParent::header(p.trace_id, p.parent_id, p.sampled)
+        }),
+        tracestate: trace.and_then(|t| (!t.state.is_empty()).then_some(t.state)),
     };
     let id = rec.id.clone();
     match sh.calls.accept(rec, settings, spec.max_workers).await {
@@ -162,6 +168,9 @@ fn view(rec: &Record, with_output: bool) -> Value {
     }
     if let Some(c) = &rec.callback_status {
         v["callback_status"] = json!(c);
+    }
+    if let Some(t) = &rec.traceparent {
+        v["traceparent"] = json!(t);
     }
     if !rec.errors.is_empty() {
         v["errors"] = json!(rec.errors);

@@ -206,6 +206,21 @@ pub struct Record {
     /// full): not counted, but each waits longer.
     #[serde(default)]
     pub not_started: u32,
+    /// The caller's W3C trace context (`traceparent`, `tracestate`, as
+    /// checked when the call was accepted): every attempt runs in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+}
+
+impl Record {
+    /// The trace block its attempts carry, if the caller sent a context.
+    fn trace_block(&self) -> Option<Vec<u8>> {
+        let parent = self.traceparent.as_deref()?;
+        let state = self.tracestate.as_deref().map(str::as_bytes);
+        api::trace::TraceContext::from_headers(parent.as_bytes(), state.into_iter()).map(|t| t.encode())
+    }
 }
 
 mod b64 {
@@ -1125,9 +1140,11 @@ async fn attempt(sh: &GwShared, th: &ThreadState, rec: &Record) -> AttemptResult
     if rec.key_checked {
         flags |= wire::frame::CALL_KEY_CHECKED;
     }
+    let trace = rec.trace_block();
+    let trace = trace.as_deref();
     let sent = th
         .send_call(sh, name, (None, 0), move |l, left_ms| async move {
-            l.link.call_flagged(call_id, left_ms, name, input, flags).await
+            l.link.call_flagged(call_id, left_ms, name, input, flags, trace).await
         })
         .await;
     let none = wire::frame::Timing::default();
@@ -1210,6 +1227,8 @@ mod tests {
             callback_status: None,
             replays: 0,
             not_started: 0,
+            traceparent: None,
+            tracestate: None,
         }
     }
 

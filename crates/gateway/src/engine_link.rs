@@ -118,7 +118,7 @@ impl EngineLink {
         name: &str,
         input: &[u8],
         key_checked: bool,
-        trace: Option<&[u8; wire::frame::TRACE_CONTEXT_LEN]>,
+        trace: Option<&[u8]>,
     ) -> Reply {
         let flags = if key_checked { wire::frame::CALL_KEY_CHECKED } else { 0 };
         self.exchange(call_id, timeout_ms, || {
@@ -128,9 +128,19 @@ impl EngineLink {
     }
 
     /// [`EngineLink::call`] with the Call frame's flags (`wire::frame::CALL_*`).
-    pub async fn call_flagged(&self, call_id: u64, timeout_ms: u32, name: &str, input: &[u8], flags: u32) -> Reply {
-        self.exchange(call_id, timeout_ms, || wire::frame::flagged_call_frame(call_id, timeout_ms, name, input, flags))
-            .await
+    pub async fn call_flagged(
+        &self,
+        call_id: u64,
+        timeout_ms: u32,
+        name: &str,
+        input: &[u8],
+        flags: u32,
+        trace: Option<&[u8]>,
+    ) -> Reply {
+        self.exchange(call_id, timeout_ms, || {
+            wire::frame::traced_call_frame(call_id, timeout_ms, name, input, flags, trace)
+        })
+        .await
     }
 
     /// Sends an internal call from another engine (a `Forward` frame under

@@ -361,13 +361,14 @@ pub(crate) async fn send(
     sh: &GwShared,
     th: &ThreadState,
     name: &str,
-    (call_id, timeout_ms, trace): (u64, u32, Option<[u8; api::trace::WIRE_LEN]>),
+    (call_id, timeout_ms, trace): (u64, u32, Option<Vec<u8>>),
     input: &Bytes,
     (bearer, verdict): (&[u8], &Verdict),
 ) -> Sent {
+    let trace = trace.as_deref();
     let send = |checked: bool| {
         th.send_call(sh, name, (None, timeout_ms), move |l, left_ms| async move {
-            l.link.call(call_id, left_ms, name, input, checked, trace.as_ref()).await
+            l.link.call(call_id, left_ms, name, input, checked, trace).await
         })
     };
     let mut sent = send(*verdict == Verdict::Allowed).await;

@@ -38,13 +38,20 @@ pub fn cross_origin(h: &HeaderMap) -> Option<String> {
     (!same).then(|| format!("management requests from another origin ({origin}) are refused"))
 }
 
-/// The caller's W3C trace context (`traceparent`), as a `Call` frame
-/// carries it; none when absent, repeated or malformed (ignored, as the
-/// recommendation says: the call may start a trace of its own).
-pub fn trace_context(h: &HeaderMap) -> Option<[u8; api::trace::WIRE_LEN]> {
+/// The caller's W3C trace context (`traceparent` and `tracestate`), as a
+/// `Call` frame carries it; none when `traceparent` is absent, repeated or
+/// malformed (ignored, as the recommendation says: the call may start a
+/// trace of its own).
+pub fn trace_context(h: &HeaderMap) -> Option<Vec<u8>> {
+    trace_headers(h).map(|t| t.encode())
+}
+
+/// [`trace_context`], parsed.
+pub fn trace_headers(h: &HeaderMap) -> Option<api::trace::TraceContext> {
     let mut values = h.get_all(api::trace::HEADER).iter();
     let (Some(v), None) = (values.next(), values.next()) else { return None };
-    api::trace::TraceParent::parse(v.as_bytes()).map(|t| t.encode())
+    let states = h.get_all(api::trace::STATE_HEADER).into_iter().map(|v| v.as_bytes());
+    api::trace::TraceContext::from_headers(v.as_bytes(), states)
 }
 
 /// The request's content type, without parameters, lower case.

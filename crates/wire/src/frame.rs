@@ -136,7 +136,13 @@ impl FrameHeader {
     /// server it crossed (the callee's engine counts on from there).
     pub fn forward_depth(&self) -> u32 {
         debug_assert_eq!(self.kind, FrameKind::Forward);
-        self.c
+        self.c & !FORWARD_TRACE_CONTEXT
+    }
+
+    /// `Forward`: a trace block follows the ids (`c` bit 31).
+    pub fn forward_traced(&self) -> bool {
+        debug_assert_eq!(self.kind, FrameKind::Forward);
+        self.c & FORWARD_TRACE_CONTEXT != 0
     }
 
     /// `Control`: how many body bytes are JSON; 0 means all of them, and
@@ -212,14 +218,28 @@ pub fn next_frame(buf: &[u8]) -> Result<Option<(FrameHeader, usize)>, FrameError
 /// most the whole body) and the input, after the trace context if the
 /// frame has one ([`call_trace`]).
 pub fn call_parts<'a>(h: &FrameHeader, body: &'a [u8]) -> (&'a [u8], &'a [u8]) {
-    let body = if h.c & CALL_TRACE_CONTEXT != 0 { body.get(TRACE_CONTEXT_LEN..).unwrap_or(&[]) } else { body };
+    let body = if h.c & CALL_TRACE_CONTEXT != 0 { trace_block_len(body).map_or(&[][..], |n| &body[n..]) } else { body };
     body.split_at((h.call_name_len() as usize).min(body.len()))
 }
 
-/// A `Call` frame's trace context (`c` bit 2): the body's first
-/// [`TRACE_CONTEXT_LEN`] bytes, if the frame has them.
+/// A `Call` frame's trace block (`c` bit 2, [`trace_block_len`]), if the
+/// frame has a whole one.
 pub fn call_trace<'a>(h: &FrameHeader, body: &'a [u8]) -> Option<&'a [u8]> {
-    (h.kind == FrameKind::Call && h.c & CALL_TRACE_CONTEXT != 0).then(|| body.get(..TRACE_CONTEXT_LEN)).flatten()
+    (h.kind == FrameKind::Call && h.c & CALL_TRACE_CONTEXT != 0)
+        .then(|| Some(&body[..trace_block_len(body)?]))
+        .flatten()
+}
+
+/// The length of the trace block at the start of `b`: a context of
+/// [`TRACE_CONTEXT_LEN`] bytes (trace id, parent span id, flags), the
+/// length of the `tracestate` that follows (u16, little endian, at most
+/// [`TRACE_STATE_LEN_MAX`]), that state. None if `b` does not hold a whole
+/// block or the length is too large. (`api::trace::TraceContext` reads and
+/// checks what is in it.)
+pub fn trace_block_len(b: &[u8]) -> Option<usize> {
+    let n = usize::from(u16::from_le_bytes(b.get(TRACE_CONTEXT_LEN..TRACE_CONTEXT_LEN + 2)?.try_into().ok()?));
+    let len = TRACE_CONTEXT_LEN + 2 + n;
+    (n <= TRACE_STATE_LEN_MAX && b.len() >= len).then_some(len)
 }
 
 /// Timing the engine reports with each result, in microseconds.
@@ -256,9 +276,15 @@ pub const CALL_KEY_CHECKED: u32 = 1;
 /// `Call` frames, `c`: an asynchronous call, run after ordinary ones.
 pub const CALL_BACKGROUND: u32 = 2;
 /// `Call` frames, `c`: the body starts with the caller's W3C trace context
-/// (`api::trace`: trace id, parent span id, flags; 25 bytes).
+/// and state, a trace block ([`trace_block_len`]).
 pub const CALL_TRACE_CONTEXT: u32 = 4;
+/// `Forward` frames, `c`: a trace block follows the ids (the rest of `c`
+/// is the depth).
+pub const FORWARD_TRACE_CONTEXT: u32 = 1 << 31;
+/// A trace context's bytes: trace id, span id, flags.
 pub const TRACE_CONTEXT_LEN: usize = 25;
+/// `tracestate` bytes a trace block holds at most.
+pub const TRACE_STATE_LEN_MAX: usize = 512;
 
 /// Builds a complete `Call` frame: header, function name, input.
 pub fn call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8]) -> Vec<u8> {
@@ -276,17 +302,18 @@ pub fn flagged_call_frame(call_id: u64, timeout_ms: u32, name: &str, input: &[u8
     traced_call_frame(call_id, timeout_ms, name, input, flags, None)
 }
 
-/// [`flagged_call_frame`] with the caller's trace context, if any
-/// ([`CALL_TRACE_CONTEXT`]).
+/// [`flagged_call_frame`] with the caller's trace block, if any
+/// ([`CALL_TRACE_CONTEXT`]; `trace_block_len` of it must be its length).
 pub fn traced_call_frame(
     call_id: u64,
     timeout_ms: u32,
     name: &str,
     input: &[u8],
     flags: u32,
-    trace: Option<&[u8; TRACE_CONTEXT_LEN]>,
+    trace: Option<&[u8]>,
 ) -> Vec<u8> {
-    let ctx: &[u8] = trace.map_or(&[], |t| t);
+    debug_assert!(trace.is_none_or(|t| trace_block_len(t) == Some(t.len())), "a whole trace block");
+    let ctx: &[u8] = trace.unwrap_or(&[]);
     let mut h = FrameHeader::new(FrameKind::Call, call_id, ctx.len() + name.len() + input.len());
     h.a = timeout_ms;
     h.b = name.len() as u32;
@@ -310,6 +337,8 @@ pub struct Forward<'a> {
     pub origin_call_id: u64,
     /// The caller's own call, on the caller's engine.
     pub parent_call_id: u64,
+    /// Its trace block ([`trace_block_len`]); empty if it has none.
+    pub trace: &'a [u8],
     pub name: &'a [u8],
     pub input: &'a [u8],
 }
@@ -318,25 +347,29 @@ pub struct Forward<'a> {
 /// answer: the caller's internal id from an engine, the gateway's hop id
 /// from a gateway.
 pub fn forward_frame(call_id: u64, timeout_ms: u32, depth: u32, f: &Forward<'_>) -> Vec<u8> {
-    let len = FORWARD_PREFIX_LEN + f.name.len() + f.input.len();
+    debug_assert!(f.trace.is_empty() || trace_block_len(f.trace) == Some(f.trace.len()), "a whole trace block");
+    debug_assert!(depth & FORWARD_TRACE_CONTEXT == 0, "a depth below 2^31");
+    let len = FORWARD_PREFIX_LEN + f.trace.len() + f.name.len() + f.input.len();
     let mut h = FrameHeader::new(FrameKind::Forward, call_id, len);
     h.a = timeout_ms;
     h.b = f.name.len() as u32;
-    h.c = depth;
+    h.c = depth | if f.trace.is_empty() { 0 } else { FORWARD_TRACE_CONTEXT };
     let mut out = Vec::with_capacity(FRAME_HEADER_LEN + len);
     out.extend_from_slice(&h.encode());
     out.extend_from_slice(&f.origin_call_id.to_le_bytes());
     out.extend_from_slice(&f.parent_call_id.to_le_bytes());
+    out.extend_from_slice(f.trace);
     out.extend_from_slice(f.name);
     out.extend_from_slice(f.input);
     out
 }
 
-/// A `Forward` body's parts; `None` if it is too short for its ids and the
-/// name length its header claims.
+/// A `Forward` body's parts; `None` if it is too short for its ids, the
+/// trace block its header claims and the name length it claims.
 pub fn forward_parts<'a>(h: &FrameHeader, body: &'a [u8]) -> Option<Forward<'a>> {
     let ids = body.get(..FORWARD_PREFIX_LEN)?;
     let rest = &body[FORWARD_PREFIX_LEN..];
+    let (trace, rest) = if h.forward_traced() { rest.split_at(trace_block_len(rest)?) } else { (&[][..], rest) };
     let name_len = h.call_name_len() as usize;
     if name_len > rest.len() {
         return None;
@@ -345,6 +378,7 @@ pub fn forward_parts<'a>(h: &FrameHeader, body: &'a [u8]) -> Option<Forward<'a>>
     Some(Forward {
         origin_call_id: u64::from_le_bytes(ids[..8].try_into().expect("8 bytes")),
         parent_call_id: u64::from_le_bytes(ids[8..].try_into().expect("8 bytes")),
+        trace,
         name,
         input,
     })
@@ -356,7 +390,13 @@ mod tests {
 
     #[test]
     fn forward_frames_round_trip_and_short_ones_are_refused() {
-        let f = Forward { origin_call_id: 7 << 32 | 3, parent_call_id: 1 << 63 | 9, name: b"callee", input: b"in" };
+        let f = Forward {
+            origin_call_id: 7 << 32 | 3,
+            parent_call_id: 1 << 63 | 9,
+            trace: &[],
+            name: b"callee",
+            input: b"in",
+        };
         let frame = forward_frame(42, 1500, 4, &f);
         let (h, end) = next_frame(&frame).expect("valid").expect("whole");
         assert_eq!((h.kind, h.call_id, end), (FrameKind::Forward, 42, frame.len()));
@@ -365,11 +405,26 @@ mod tests {
         // A body shorter than its ids, or than the name its header claims.
         assert_eq!(forward_parts(&h, &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 15]), None);
         assert_eq!(forward_parts(&h, &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 20]), None);
+        // With a trace block: the depth is unchanged, the block between.
+        let mut block = vec![7u8; TRACE_CONTEXT_LEN];
+        block.extend_from_slice(&3u16.to_le_bytes());
+        block.extend_from_slice(b"a=b");
+        let t = Forward { trace: &block, ..f };
+        let frame = forward_frame(42, 1500, 4, &t);
+        let (h, _) = next_frame(&frame).expect("valid").expect("whole");
+        assert_eq!(h.forward_depth(), 4);
+        assert_eq!(forward_parts(&h, &frame[FRAME_HEADER_LEN..]), Some(t));
+        // A block whose length runs past the body.
+        let mut bad = frame.clone();
+        bad[FRAME_HEADER_LEN + FORWARD_PREFIX_LEN + TRACE_CONTEXT_LEN] = 200;
+        assert_eq!(forward_parts(&h, &bad[FRAME_HEADER_LEN..]), None);
     }
 
     #[test]
     fn a_call_carries_its_trace_context_before_the_name() {
-        let ctx = [7u8; TRACE_CONTEXT_LEN];
+        let mut ctx = vec![7u8; TRACE_CONTEXT_LEN];
+        ctx.extend_from_slice(&2u16.to_le_bytes());
+        ctx.extend_from_slice(b"ab");
         let frame = traced_call_frame(9, 100, "fn", b"input", CALL_KEY_CHECKED, Some(&ctx));
         let (h, _) = next_frame(&frame).expect("valid").expect("whole");
         let body = &frame[FRAME_HEADER_LEN..];
@@ -386,6 +441,12 @@ mod tests {
         h2.c = CALL_TRACE_CONTEXT;
         assert_eq!(call_trace(&h2, b"short"), None);
         assert_eq!(call_parts(&h2, b"short"), (&b""[..], &b""[..]));
+        // A state longer than allowed, or than the body.
+        let mut long = vec![7u8; TRACE_CONTEXT_LEN];
+        long.extend_from_slice(&513u16.to_le_bytes());
+        long.extend_from_slice(&[b'a'; 513]);
+        assert_eq!(call_trace(&h2, &long), None);
+        assert_eq!(trace_block_len(&long[..30]), None);
     }
 
     #[test]

@@ -19,6 +19,13 @@ const FLAGS_KNOWN: u16 = FLAG_PAYLOAD_IN_SHM;
 /// An `Invoke` carries the callee name inline; names are at most this long.
 pub const INVOKE_NAME_LEN_MAX: usize = crate::FUNCTION_NAME_LEN_MAX;
 
+/// A `Dispatch` of a traced call starts its inline area with the call's
+/// trace context (`name_len` bytes): trace id, span id, flags
+/// ([`crate::frame::TRACE_CONTEXT_LEN`] bytes), then its `tracestate`.
+pub const DISPATCH_TRACE_LEN_MIN: usize = crate::frame::TRACE_CONTEXT_LEN;
+pub const DISPATCH_TRACE_LEN_MAX: usize = DISPATCH_TRACE_LEN_MIN + crate::frame::TRACE_STATE_LEN_MAX;
+const _: () = assert!(DISPATCH_TRACE_LEN_MAX <= INLINE_LEN_MAX);
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u16)]
 pub enum Kind {
@@ -206,11 +213,15 @@ fn validate(h: &Header) -> Result<(), MessageError> {
     if !h.in_shm() && h.payload_len as usize > INLINE_LEN_MAX {
         return Err(MessageError::InlineTooLong(h.payload_len));
     }
-    let name_ok = if h.kind == Kind::Invoke {
-        let n = usize::from(h.name_len);
-        (1..=INVOKE_NAME_LEN_MAX).contains(&n) && (h.in_shm() || n <= h.payload_len as usize)
-    } else {
-        h.name_len == 0
+    let n = usize::from(h.name_len);
+    let name_ok = match h.kind {
+        Kind::Invoke => (1..=INVOKE_NAME_LEN_MAX).contains(&n) && (h.in_shm() || n <= h.payload_len as usize),
+        Kind::Dispatch => {
+            n == 0
+                || (DISPATCH_TRACE_LEN_MIN..=DISPATCH_TRACE_LEN_MAX).contains(&n)
+                    && (h.in_shm() || n <= h.payload_len as usize)
+        }
+        _ => n == 0,
     };
     if !name_ok {
         return Err(MessageError::NameLen(h.name_len));

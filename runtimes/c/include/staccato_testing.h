@@ -54,6 +54,11 @@ typedef struct staccato_test_options {
     int64_t timeout_us;    /* the deadline, from now; 0: none */
     const staccato_fake_callee *callees;
     size_t n_callees;      /* a call of any other function fails: not_found */
+    /* The invocation's trace context (staccato_trace_id ...): a traceparent
+     * value, 00-<32 hex>-<16 hex>-<2 hex>, and a tracestate; NULL: none.
+     * A malformed traceparent fails the run with bad_request. */
+    const char *traceparent;
+    const char *tracestate;
 } staccato_test_options;
 
 /* One call the handler made. */

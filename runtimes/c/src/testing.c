@@ -24,6 +24,7 @@ struct staccato_ctx {
     pthread_mutex_t calls_lock;
     staccato_test_call *calls;
     size_t n_calls;
+    char trace_id[33];
 };
 
 static int64_t now_us(void)
@@ -78,6 +79,24 @@ int staccato_set_error(staccato_ctx *ctx, const char *fmt, ...)
 uint64_t staccato_call_id(const staccato_ctx *ctx) { return ctx->call_id; }
 uint64_t staccato_parent_call_id(const staccato_ctx *ctx) { (void)ctx; return 0; }
 int64_t staccato_deadline_us(const staccato_ctx *ctx) { return ctx->deadline_us; }
+const char *staccato_trace_id(const staccato_ctx *ctx) { return ctx->trace_id; }
+const char *staccato_traceparent(const staccato_ctx *ctx) { return ctx->o->traceparent ? ctx->o->traceparent : ""; }
+const char *staccato_tracestate(const staccato_ctx *ctx)
+{
+    return ctx->o->traceparent && ctx->o->tracestate ? ctx->o->tracestate : "";
+}
+
+/* vv-<32 hex>-<16 hex>-<2 hex>, lower case. */
+static int traceparent_ok(const char *t)
+{
+    if (strlen(t) != 55 || t[2] != '-' || t[35] != '-' || t[52] != '-')
+        return 0;
+    for (size_t i = 0; i < 55; i++) {
+        if (i != 2 && i != 35 && i != 52 && !((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
+            return 0;
+    }
+    return 1;
+}
 
 int64_t staccato_remaining_us(const staccato_ctx *ctx)
 {
@@ -174,6 +193,15 @@ int staccato_test_run(int (*handler)(staccato_ctx *, const uint8_t *, size_t), c
     ctx.deadline_us = ctx.o->timeout_us > 0 ? now_us() + ctx.o->timeout_us : 0;
     pthread_mutex_init(&ctx.calls_lock, NULL);
     memset(r, 0, sizeof *r);
+    if (ctx.o->traceparent) {
+        if (!traceparent_ok(ctx.o->traceparent)) {
+            pthread_mutex_destroy(&ctx.calls_lock);
+            r->error_kind = STACCATO_ERR_BAD_REQUEST;
+            r->error = (char *)copy("traceparent is not 00-<32 hex>-<16 hex>-<2 hex>", 47);
+            return r->error_kind;
+        }
+        memcpy(ctx.trace_id, ctx.o->traceparent + 3, 32);
+    }
     r->returned = handler(&ctx, input, input_len);
     pthread_mutex_destroy(&ctx.calls_lock);
     r->calls = ctx.calls;

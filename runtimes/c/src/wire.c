@@ -57,12 +57,17 @@ static int kind_allows_shm(uint16_t kind)
 
 static stc_wire_status validate_name_len(const stc_header *h, int in_shm)
 {
-    if (h->kind != STC_INVOKE)
+    if (h->kind == STC_DISPATCH) {
+        /* A trace context, or nothing. */
+        if (h->name_len != 0 && (h->name_len < STC_TRACE_CONTEXT_LEN || h->name_len > STC_TRACE_LEN_MAX))
+            return STC_WIRE_ERR_NAME_LEN;
+    } else if (h->kind != STC_INVOKE) {
         return h->name_len == 0 ? STC_WIRE_OK : STC_WIRE_ERR_NAME_LEN;
-    if (h->name_len < 1 || h->name_len > STC_NAME_MAX)
+    } else if (h->name_len < 1 || h->name_len > STC_NAME_MAX) {
         return STC_WIRE_ERR_NAME_LEN;
-    /* Inline, the name is part of the payload; in shm it sits alone in the
-     * inline area (name_len <= 64 < 960 already holds). */
+    }
+    /* Inline, the name (or context) is part of the payload; in shm it sits
+     * alone in the inline area (name_len <= 537 < 960 already holds). */
     if (!in_shm && h->name_len > h->payload_len)
         return STC_WIRE_ERR_NAME_LEN;
     return STC_WIRE_OK;
@@ -95,7 +100,7 @@ size_t stc_inline_used(const stc_header *h)
 {
     if (!(h->flags & STC_FLAG_SHM))
         return h->payload_len;
-    return h->kind == STC_INVOKE ? h->name_len : 0;
+    return h->kind == STC_INVOKE || h->kind == STC_DISPATCH ? h->name_len : 0;
 }
 
 stc_wire_status stc_decode(const uint8_t *msg, size_t len, stc_header *out)

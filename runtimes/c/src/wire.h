@@ -24,6 +24,11 @@ extern "C" {
 #define STC_HEADER_LEN 64u
 #define STC_INLINE_MAX 960u
 #define STC_NAME_MAX 64u
+/* A traced Dispatch starts its inline area with trace id (16), span id (8),
+ * flags (1), then the tracestate (up to 512 bytes): name_len bytes. */
+#define STC_TRACE_CONTEXT_LEN 25u
+#define STC_TRACE_STATE_MAX 512u
+#define STC_TRACE_LEN_MAX (STC_TRACE_CONTEXT_LEN + STC_TRACE_STATE_MAX)
 
 #define STC_FLAG_SHM 0x0001u /* PAYLOAD_IN_SHM */
 

@@ -52,6 +52,10 @@ struct staccato_ctx {
     char *err;            /* message set by staccato_set_error */
     size_t err_cap;
     int has_err;
+    /* The Dispatch's trace context, formatted ("" when it has none). */
+    char trace_id[33];
+    char traceparent[56];
+    char tracestate[STC_TRACE_STATE_MAX + 1];
 };
 
 static const stc_config *cfg;
@@ -232,8 +236,36 @@ static void recv_msg(uint8_t *buf, stc_header *h)
 
 /* ---- serving a Dispatch ------------------------------------------------ */
 
+static void hex(char *out, const uint8_t *b, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+/* The trace context at the start of the Dispatch's inline area, if any
+ * (name_len bytes: trace id, span id, flags, state). */
+static void ctx_trace(staccato_ctx *ctx, const stc_header *h, const uint8_t *t)
+{
+    if (h->name_len < STC_TRACE_CONTEXT_LEN) {
+        ctx->trace_id[0] = ctx->traceparent[0] = ctx->tracestate[0] = 0;
+        return;
+    }
+    hex(ctx->trace_id, t, 16);
+    char span[17];
+    hex(span, t + 16, 8);
+    snprintf(ctx->traceparent, sizeof ctx->traceparent, "00-%s-%s-0%c", ctx->trace_id, span, t[24] & 1 ? '1' : '0');
+    size_t n = h->name_len - STC_TRACE_CONTEXT_LEN; /* <= STC_TRACE_STATE_MAX (stc_validate) */
+    memcpy(ctx->tracestate, t + STC_TRACE_CONTEXT_LEN, n);
+    ctx->tracestate[n] = 0;
+}
+
 static void ctx_begin(staccato_ctx *ctx, const stc_header *h)
 {
+    ctx_trace(ctx, h, rx_dispatch + STC_HEADER_LEN);
     ctx->call_id = h->call_id;
     ctx->parent_call_id = h->parent_call_id;
     ctx->deadline_us = h->deadline_us;
@@ -270,9 +302,12 @@ static void finish_dispatch(const staccato_ctx *ctx, int rc)
 
 static void serve_dispatch(const stc_header *h)
 {
-    const uint8_t *input = rx_dispatch + STC_HEADER_LEN;
+    /* After the trace context, if the call has one. */
+    const uint8_t *input = rx_dispatch + STC_HEADER_LEN + h->name_len;
     const void *mapped = NULL;
     size_t len = h->payload_len;
+    if (!(h->flags & STC_FLAG_SHM))
+        len -= h->name_len; /* <= payload_len (stc_validate) */
     if (h->flags & STC_FLAG_SHM) {
         if (len > cfg->payload_max) {
             stc_shm_unlink(cfg->shm_dir, h->call_id, STC_SHM_INPUT);
@@ -404,6 +439,12 @@ int staccato_set_error(staccato_ctx *ctx, const char *fmt, ...)
 uint64_t staccato_call_id(const staccato_ctx *ctx) { return ctx ? ctx->call_id : 0; }
 
 uint64_t staccato_parent_call_id(const staccato_ctx *ctx) { return ctx ? ctx->parent_call_id : 0; }
+
+const char *staccato_trace_id(const staccato_ctx *ctx) { return ctx ? ctx->trace_id : ""; }
+
+const char *staccato_traceparent(const staccato_ctx *ctx) { return ctx ? ctx->traceparent : ""; }
+
+const char *staccato_tracestate(const staccato_ctx *ctx) { return ctx ? ctx->tracestate : ""; }
 
 int64_t staccato_deadline_us(const staccato_ctx *ctx)
 {

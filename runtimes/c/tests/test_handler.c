@@ -219,6 +219,12 @@ static int dispatch(staccato_ctx *ctx, const uint8_t *input, size_t len, char *a
                          (long long)staccato_deadline_us(ctx), (long long)staccato_remaining_us(ctx));
         return staccato_set_output(ctx, buf, (size_t)n);
     }
+    if (has_prefix(input, len, "!trace")) {
+        char buf[800];
+        int n = snprintf(buf, sizeof buf, "id=%s parent=%s state=%s len=%zu", staccato_trace_id(ctx),
+                         staccato_traceparent(ctx), staccato_tracestate(ctx), len);
+        return staccato_set_output(ctx, buf, (size_t)n);
+    }
     if (has_prefix(input, len, "!log:")) {
         staccato_log(ctx, "%s", arg + 4);
         return staccato_set_output(ctx, "logged", 6);

@@ -372,6 +372,25 @@ def test_context_accessors(worker):
     assert res.inline.endswith(b"deadline=0 remaining=-1")
 
 
+def test_the_trace_context_before_the_input(worker):
+    engine, ch, _ = worker
+    trace = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736" "00f067aa0ba902b7" "01") + b"rojo=1,congo=2"
+    want = (b"id=4bf92f3577b34da6a3ce929d0e0e4736 parent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 "
+            b"state=rojo=1,congo=2 len=")
+    inp = b"!trace" + b"x" * 10
+    res = call(ch, trace + inp, name_len=len(trace))
+    assert res.inline == want + b"16"
+    # The input in shm: the context alone inline.
+    big = b"!trace" + b"x" * 2000
+    shm_file(engine.ipc, GW | 7, "i").write_bytes(big)
+    res = call(ch, trace, call_id=GW | 7, flags=SHM, payload_len=len(big), name_len=len(trace))
+    assert res.inline == want + b"2006"
+    # Unsampled, no state; and none at all.
+    res = call(ch, trace[:24] + b"\0" + inp, name_len=25)
+    assert res.inline.endswith(b"-00 state= len=16"), res.inline
+    assert call(ch, inp).inline == b"id= parent= state= len=16"
+
+
 def test_log_line(worker):
     engine, ch, _ = worker
     assert call(ch, b"!log:hello there", call_id=GW | 0xAB).inline == b"logged"

@@ -52,6 +52,16 @@ static int late_handler(staccato_ctx *ctx, const uint8_t *in, size_t len)
     return handler(ctx, in, len);
 }
 
+static int trace_handler(staccato_ctx *ctx, const uint8_t *in, size_t len)
+{
+    (void)in;
+    (void)len;
+    char buf[300];
+    int n = snprintf(buf, sizeof buf, "%s %s %s", staccato_trace_id(ctx), staccato_traceparent(ctx),
+                     staccato_tracestate(ctx));
+    return staccato_set_output(ctx, buf, (size_t)n);
+}
+
 static int pong(const uint8_t *in, size_t len, staccato_result *out, void *arg)
 {
     (void)in;
@@ -107,6 +117,21 @@ int main(void)
     /* No options: call id 1, no deadline, no callees. */
     CHECK(staccato_test_run(handler, (const uint8_t *)"", 0, NULL, &r) == STACCATO_OK);
     CHECK(r.output_len == 0 && r.output && r.output[0] == 0);
+    staccato_test_result_free(&r);
+
+    /* A trace context given, none, a malformed one. */
+    const char *tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    staccato_test_options traced = {.traceparent = tp, .tracestate = "k=v"};
+    CHECK(staccato_test_run(trace_handler, NULL, 0, &traced, &r) == STACCATO_OK);
+    CHECK(r.output && strcmp((char *)r.output, "4bf92f3577b34da6a3ce929d0e0e4736 "
+                                               "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 k=v") == 0);
+    staccato_test_result_free(&r);
+    CHECK(staccato_test_run(trace_handler, NULL, 0, NULL, &r) == STACCATO_OK);
+    CHECK(r.output && strcmp((char *)r.output, "  ") == 0);
+    staccato_test_result_free(&r);
+    traced.traceparent = "00-short";
+    CHECK(staccato_test_run(trace_handler, NULL, 0, &traced, &r) == STACCATO_ERR_BAD_REQUEST);
+    CHECK(r.error && strstr(r.error, "traceparent"));
     staccato_test_result_free(&r);
 
     printf("libstaccato-testing: %s\n", failures ? "FAILED" : "ok");

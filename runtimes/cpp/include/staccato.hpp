@@ -144,6 +144,14 @@ public:
     std::uint64_t call_id() const noexcept { return staccato_call_id(ctx_); }
     std::uint64_t parent_call_id() const noexcept { return staccato_parent_call_id(ctx_); }
 
+    // The invocation's W3C trace context when it has one (the engine traces
+    // it, or its caller sent one): the trace id (32 hex digits), a
+    // traceparent naming this invocation's span as the parent (for calls to
+    // services outside Staccato), the caller's tracestate; empty when none.
+    std::string_view trace_id() const noexcept { return staccato_trace_id(ctx_); }
+    std::string_view traceparent() const noexcept { return staccato_traceparent(ctx_); }
+    std::string_view tracestate() const noexcept { return staccato_tracestate(ctx_); }
+
     // Absolute deadline, or nullopt when there is none.
     std::optional<clock::time_point> deadline() const noexcept
     {

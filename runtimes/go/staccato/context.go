@@ -2,6 +2,7 @@ package staccato
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"os"
@@ -22,6 +23,7 @@ type Context struct {
 	callID       uint64
 	parentCallID uint64
 	deadlineUs   uint64 // as on the wire: 0 = none
+	trace        []byte // the Dispatch's trace context and state; nil = none
 	done         atomic.Bool
 
 	goMu     sync.Mutex
@@ -30,6 +32,34 @@ type Context struct {
 
 	// calls answers Call in a test (RunHandler); nil in a worker.
 	calls *FakeCalls
+}
+
+// TraceID is the invocation's W3C trace id (32 lower-case hex digits), or
+// "" when it has no trace context (the engine traces it, or its caller sent
+// one). Internal calls carry the context without being told.
+func (c *Context) TraceID() string {
+	if c.trace == nil {
+		return ""
+	}
+	return hex.EncodeToString(c.trace[:16])
+}
+
+// Traceparent is a traceparent header naming this invocation's span as the
+// parent (for calls to services outside Staccato), or "".
+func (c *Context) Traceparent() string {
+	t := c.trace
+	if t == nil {
+		return ""
+	}
+	return "00-" + hex.EncodeToString(t[:16]) + "-" + hex.EncodeToString(t[16:24]) + "-0" + string(rune('0'+t[24]&1))
+}
+
+// Tracestate is the caller's tracestate header, or "" when there is none.
+func (c *Context) Tracestate() string {
+	if len(c.trace) <= wire.TraceContextLen {
+		return ""
+	}
+	return string(c.trace[wire.TraceContextLen:])
 }
 
 // CallID is this invocation's call id (docs/protocol.md, "Call ids").

@@ -7,6 +7,7 @@ package staccato_test
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,6 +64,8 @@ func testHandler(ctx *staccato.Context, in []byte) ([]byte, error) {
 			"call_id": strconv.FormatUint(ctx.CallID(), 10), "parent": strconv.FormatUint(ctx.ParentCallID(), 10),
 			"has_deadline": ok, "deadline_us": d.UnixMicro(), "remaining_ns": ctx.Remaining().Nanoseconds(),
 			"function": ctx.Function(), "worker": ctx.WorkerID(), "raw_deadline": strconv.FormatUint(ctx.DeadlineUs(), 10),
+			"trace_id": ctx.TraceID(), "traceparent": ctx.Traceparent(), "tracestate": ctx.Tracestate(),
+			"input": len(arg),
 		})
 	case "gocontext":
 		gctx := ctx.GoContext()
@@ -320,6 +323,39 @@ func TestContextFields(t *testing.T) {
 	l.Dispatch(w, gw(), 0, deadline, []byte("gocontext"))
 	if m = l.Recv(w); string(m.Inline) != fmt.Sprintf("true %d <nil>", deadline) {
 		t.Fatalf("%q", m.Inline)
+	}
+}
+
+func TestTraceContextBeforeTheInput(t *testing.T) {
+	l, w := newWorker(t)
+	trace, _ := hex.DecodeString("4bf92f3577b34da6a3ce929d0e0e4736" + "00f067aa0ba902b7" + "01")
+	trace = append(trace, "rojo=1,congo=2"...)
+	for _, size := range []int{3, 2000} { // the input inline, then in shm
+		l.DispatchTraced(w, gw(), trace, []byte("ctx "+strings.Repeat("x", size)))
+		m := l.Recv(w)
+		var raw map[string]any
+		if err := json.Unmarshal(expectCompletion(t, l, m), &raw); err != nil {
+			t.Fatal(err)
+		}
+		if raw["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" ||
+			raw["traceparent"] != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" ||
+			raw["tracestate"] != "rojo=1,congo=2" || raw["input"] != float64(size) {
+			t.Fatalf("%d: %v", size, raw)
+		}
+	}
+	unsampled := append(append([]byte{}, trace[:24]...), 0)
+	l.DispatchTraced(w, gw(), unsampled, []byte("ctx"))
+	m := l.Recv(w)
+	var raw map[string]any
+	json.Unmarshal(m.Inline, &raw)
+	if !strings.HasSuffix(raw["traceparent"].(string), "-00") || raw["tracestate"] != "" {
+		t.Fatalf("%v", raw)
+	}
+	// Without a context: empty strings.
+	m = l.Call(w, gw(), []byte("ctx"))
+	json.Unmarshal(m.Inline, &raw)
+	if raw["trace_id"] != "" || raw["traceparent"] != "" || raw["tracestate"] != "" {
+		t.Fatalf("%v", raw)
 	}
 }
 

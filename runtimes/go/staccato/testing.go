@@ -1,7 +1,9 @@
 package staccato
 
 import (
+	"encoding/hex"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -50,6 +52,10 @@ type RunOptions struct {
 	// GoContext); 0: none.
 	Timeout time.Duration
 	CallID  uint64
+	// Traceparent and Tracestate give the invocation a trace context
+	// (Context.TraceID ...); "": none.
+	Traceparent string
+	Tracestate  string
 }
 
 // RunHandler runs h once with input in, as a worker would but without an
@@ -65,6 +71,14 @@ func RunHandler(h HandlerFunc, in []byte, opts RunOptions) ([]byte, error) {
 		calls = &FakeCalls{}
 	}
 	ctx := &Context{w: &worker{rt: &runtimeState{function: fn}, id: 1}, callID: opts.CallID, calls: calls}
+	if opts.Traceparent != "" {
+		p := strings.Split(opts.Traceparent, "-")
+		raw, err := hex.DecodeString(strings.Join(p, ""))
+		if len(p) != 4 || len(p[0]) != 2 || len(p[1]) != 32 || len(p[2]) != 16 || len(p[3]) != 2 || err != nil {
+			return nil, fmt.Errorf("traceparent %q is not 00-<32 hex>-<16 hex>-<2 hex>", opts.Traceparent)
+		}
+		ctx.trace = append(raw[1:], opts.Tracestate...)
+	}
 	if opts.Timeout > 0 {
 		ctx.deadlineUs = uint64(time.Now().Add(opts.Timeout).UnixMicro())
 	}

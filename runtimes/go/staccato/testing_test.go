@@ -57,3 +57,21 @@ func TestCallsAreAnsweredByTheFakesAndRecorded(t *testing.T) {
 		t.Fatalf("made %+v", made)
 	}
 }
+
+func TestRunHandlerTakesATraceContext(t *testing.T) {
+	h := func(ctx *staccato.Context, in []byte) ([]byte, error) {
+		return []byte(ctx.TraceID() + " " + ctx.Traceparent() + " " + ctx.Tracestate()), nil
+	}
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	out, err := staccato.RunHandler(h, nil, staccato.RunOptions{Traceparent: tp, Tracestate: "k=v"})
+	if err != nil || string(out) != "4bf92f3577b34da6a3ce929d0e0e4736 "+tp+" k=v" {
+		t.Fatalf("%q %v", out, err)
+	}
+	if out, _ := staccato.RunHandler(h, nil, staccato.RunOptions{}); string(out) != "  " {
+		t.Fatalf("%q", out)
+	}
+	if _, err := staccato.RunHandler(h, nil, staccato.RunOptions{Traceparent: "00-short"}); err == nil ||
+		!strings.Contains(err.Error(), "traceparent") {
+		t.Fatalf("%v", err)
+	}
+}

@@ -160,9 +160,12 @@ func (w *worker) close(reason string) {
 
 func (w *worker) dispatch(m *wire.Message) {
 	ctx := &Context{w: w, callID: m.CallID, parentCallID: m.ParentCallID, deadlineUs: m.DeadlineUs}
+	if m.NameLen > 0 {
+		ctx.trace = bytes.Clone(m.Inline[:m.NameLen]) // the receive buffer is reused
+	}
 	var inline []byte
 	if !m.InShm() {
-		inline = bytes.Clone(m.Inline) // the receive buffer is reused
+		inline = bytes.Clone(m.InlinePayload())
 	}
 	w.mu.Lock()
 	w.running++

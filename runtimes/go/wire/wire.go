@@ -21,6 +21,11 @@ const (
 	InlineMax  = MessageLen - HeaderLen // 960
 	// NameMax is the longest callee name an Invoke may carry.
 	NameMax = 64
+	// TraceContextLen is the start of a traced Dispatch's inline area:
+	// trace id (16), span id (8), flags (1); its tracestate follows (up to
+	// 512 bytes). NameLen says how many bytes the two take.
+	TraceContextLen = 25
+	TraceLenMax     = TraceContextLen + 512
 	// PipeBuf is POSIX PIPE_BUF on Linux: writes up to this size to a pipe
 	// are atomic, which is what keeps several writers on one FIFO aligned.
 	PipeBuf = 4096
@@ -201,8 +206,9 @@ type Header struct {
 func (h *Header) InShm() bool { return h.Flags&FlagPayloadInShm != 0 }
 
 // Message is a decoded message: its header and the used inline bytes (the
-// payload when inline; the callee name of an Invoke whose input is in shm;
-// else empty).
+// payload when inline, after an Invoke's name or a Dispatch's trace
+// context; the name or the context alone when the payload is in shm; else
+// empty).
 type Message struct {
 	Header
 	Inline []byte
@@ -212,8 +218,9 @@ type Message struct {
 func (m *Message) Name() []byte { return m.Inline[:m.NameLen] }
 
 // InlinePayload returns the inline payload: the input of an inline Invoke
-// (the bytes after the name), the whole inline bytes of any other inline
-// message, and nil when the payload is in shm.
+// or Dispatch (the bytes after the name or the trace context), the whole
+// inline bytes of any other inline message, and nil when the payload is in
+// shm.
 func (m *Message) InlinePayload() []byte {
 	if m.InShm() {
 		return nil
@@ -241,11 +248,16 @@ func check(h *Header) (int, error) {
 	if h.Flags&^FlagPayloadInShm != 0 {
 		return 0, invalid("unknown flag bits 0x" + strconv.FormatUint(uint64(h.Flags), 16))
 	}
-	if h.Kind == Invoke {
+	switch {
+	case h.Kind == Invoke:
 		if h.NameLen < 1 || h.NameLen > NameMax {
 			return 0, invalid("Invoke name_len " + strconv.Itoa(int(h.NameLen)) + " outside 1..64")
 		}
-	} else if h.NameLen != 0 {
+	case h.Kind == Dispatch:
+		if h.NameLen != 0 && (h.NameLen < TraceContextLen || h.NameLen > TraceLenMax) {
+			return 0, invalid("Dispatch name_len " + strconv.Itoa(int(h.NameLen)) + " is neither 0 nor 25..537")
+		}
+	case h.NameLen != 0:
 		return 0, invalid("name_len " + strconv.Itoa(int(h.NameLen)) + " on " + h.Kind.String())
 	}
 	if h.Kind == Failure {
@@ -259,8 +271,8 @@ func check(h *Header) (int, error) {
 		if h.Kind < Dispatch {
 			return 0, invalid("PAYLOAD_IN_SHM on " + h.Kind.String())
 		}
-		// Only an Invoke keeps bytes inline (the callee name, <= NameMax <=
-		// InlineMax) when its payload is in shm.
+		// Only an Invoke's callee name or a Dispatch's trace context stays
+		// inline (<= TraceLenMax <= InlineMax) when the payload is in shm.
 		return int(h.NameLen), nil
 	}
 	if h.PayloadLen > InlineMax {

@@ -40,6 +40,7 @@ export async function handle(ctx, data) {
       callId: ctx.callId.toString(), parent: ctx.parentCallId.toString(), deadlineUs: ctx.deadlineUs.toString(),
       deadline: ctx.deadline && ctx.deadline.getTime(), remaining: ctx.remainingMs(), function: ctx.function,
       workerId: ctx.workerId, types: [typeof ctx.callId, typeof ctx.parentCallId, typeof ctx.deadlineUs],
+      traceId: ctx.traceId, traceparent: ctx.traceparent, tracestate: ctx.tracestate, input: arg.length,
     });
     case 'call': {
       const [name, payload] = split(arg);
@@ -205,6 +206,26 @@ describe('launcher (shared engine)', T, () => {
     assert.equal(info.remaining, null);
     assert.equal(info.parent, '0');
     assert.equal(info.deadlineUs, '0');
+    assert.deepEqual([info.traceId, info.traceparent, info.tracestate], [null, null, null]);
+  });
+
+  test('the trace context before the input, inline and with the input in shm', async () => {
+    const w = await eng.createWorker();
+    const trace = Buffer.concat([
+      Buffer.from('4bf92f3577b34da6a3ce929d0e0e4736' + '00f067aa0ba902b7' + '01', 'hex'), Buffer.from('rojo=1,congo=2'),
+    ]);
+    for (const size of [3, 2000]) {
+      const msg = await eng.call(w, 'ctx ' + 'x'.repeat(size), gwId(), { trace });
+      const info = JSON.parse(eng.payload(msg, 'o').toString());
+      assert.equal(info.traceId, '4bf92f3577b34da6a3ce929d0e0e4736');
+      assert.equal(info.traceparent, '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01');
+      assert.equal(info.tracestate, 'rojo=1,congo=2');
+      assert.equal(info.input, size);
+    }
+    const unsampled = Buffer.concat([trace.subarray(0, 24), Buffer.from([0])]);
+    const info = JSON.parse((await eng.call(w, 'ctx', gwId(), { trace: unsampled })).inline.toString());
+    assert.ok(info.traceparent.endsWith('-00'));
+    assert.equal(info.tracestate, null);
   });
 
   test('a handler that throws sends function_error with name: message, stack to stderr', async () => {

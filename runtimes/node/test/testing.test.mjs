@@ -81,3 +81,12 @@ test('the package installs from the repository and brings the helper', { timeout
     fs.rmSync(tmp, { recursive: true, force: true });
   }
 });
+
+test('a trace context can be given', async () => {
+  const handle = (ctx) => `${ctx.traceId} ${ctx.traceparent} ${ctx.tracestate}`;
+  const tp = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
+  const out = await runHandler(handle, '', { traceparent: tp, tracestate: 'k=v' });
+  assert.equal(out.toString(), `4bf92f3577b34da6a3ce929d0e0e4736 ${tp} k=v`);
+  assert.equal((await runHandler(handle)).toString(), 'null null null');
+  await assert.rejects(runHandler(handle, '', { traceparent: '00-short' }), /traceparent/);
+});

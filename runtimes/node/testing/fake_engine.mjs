@@ -233,13 +233,19 @@ export class Engine {
     fs.writeFileSync(this.shmPath(callId, suffix), data, { mode: 0o600 });
   }
 
-  dispatch(chan, data, callId, { parent = 0n, deadlineUs = 0n } = {}) {
+  /** `trace`: the call's trace context bytes (the Dispatch's prefix), if any. */
+  dispatch(chan, data, callId, { parent = 0n, deadlineUs = 0n, trace = Buffer.alloc(0) } = {}) {
     data = Buffer.from(data);
-    if (data.length <= INLINE_MAX) {
-      chan.send({ kind: DISPATCH, payloadLen: data.length, callId, parentCallId: parent, deadlineUs, inline: data });
+    const nameLen = trace.length;
+    if (nameLen + data.length <= INLINE_MAX) {
+      const inline = Buffer.concat([trace, data]);
+      chan.send({ kind: DISPATCH, payloadLen: inline.length, callId, parentCallId: parent, deadlineUs, nameLen, inline });
     } else {
       this.writeShm(callId, 'i', data);
-      chan.send({ kind: DISPATCH, flags: PAYLOAD_IN_SHM, payloadLen: data.length, callId, parentCallId: parent, deadlineUs });
+      chan.send({
+        kind: DISPATCH, flags: PAYLOAD_IN_SHM, payloadLen: data.length, callId, parentCallId: parent, deadlineUs,
+        nameLen, inline: trace,
+      });
     }
   }
 

@@ -40,6 +40,14 @@ export class FakeCalls {
   }
 }
 
+/** A traceparent (and tracestate) as the Dispatch carries them. */
+function traceBytes(traceparent, tracestate) {
+  if (traceparent === undefined || traceparent === null) return null;
+  const m = /^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/.exec(traceparent);
+  if (m === null) throw new RangeError(`traceparent ${JSON.stringify(traceparent)} is not 00-<32 hex>-<16 hex>-<2 hex>`);
+  return Buffer.concat([Buffer.from(m[1] + m[2] + m[3], 'hex'), Buffer.from(tracestate ?? '', 'latin1')]);
+}
+
 function asBuffer(v, what) {
   if (v === undefined || v === null) return Buffer.alloc(0);
   if (Buffer.isBuffer(v)) return v;
@@ -54,7 +62,8 @@ function asBuffer(v, what) {
  * output Buffer. Options: `function` (ctx.function, default 'test'),
  * `calls` (a FakeCalls or a plain object of callees), `timeoutMs` (the
  * call's deadline: ctx.remainingMs(); the promise rejects past it),
- * `callId` (a BigInt).
+ * `callId` (a BigInt), `traceparent` and `tracestate` (the invocation's
+ * trace context: ctx.traceId ...; none by default).
  */
 export async function runHandler(handler, data = Buffer.alloc(0), options = {}) {
   const calls = options.calls instanceof FakeCalls ? options.calls : new FakeCalls(options.calls ?? {});
@@ -67,7 +76,7 @@ export async function runHandler(handler, data = Buffer.alloc(0), options = {}) 
   const timeoutMs = options.timeoutMs ?? 0;
   const deadlineUs = timeoutMs > 0 ? BigInt(Math.round((Date.now() + timeoutMs) * 1000)) : 0n;
   const callId = options.callId ?? nextId++;
-  const ctx = new Context(channel, callId, 0n, deadlineUs);
+  const ctx = new Context(channel, callId, 0n, deadlineUs, traceBytes(options.traceparent, options.tracestate));
   const input = typeof data === 'string' ? Buffer.from(data, 'utf8') : asBuffer(data, 'the input');
   let result = Promise.resolve().then(() => handler(ctx, input));
   if (timeoutMs > 0) {

@@ -228,7 +228,8 @@ class WorkerChannel(Channel):
 
     def _payload(self, msg):
         if not msg.flags & PAYLOAD_IN_SHM:
-            return msg.inline
+            # After a Dispatch's trace context, if it has one.
+            return msg.inline[msg.name_len:] if msg.name_len else msg.inline
         path = f"{self.shm_dir}/{wire.shm_file_name(msg.call_id, msg.kind)}"
         return read_shm(path, msg.payload_len)
 
@@ -241,7 +242,8 @@ class WorkerChannel(Channel):
         except OSError as e:
             self.send_failure(call_id, msg.parent_call_id, _INTERNAL, f"cannot read input: {e}")
             return
-        ctx = Context(self, call_id, msg.parent_call_id, msg.deadline_us)
+        ctx = Context(self, call_id, msg.parent_call_id, msg.deadline_us,
+                      msg.inline[:msg.name_len] if msg.name_len else None)
         runtime = self.runtime
         if runtime.handler_is_async:
             self._spawn(ctx, runtime.handler(ctx, data))

@@ -19,16 +19,40 @@ class Context:
 
     ``call_id`` / ``parent_call_id`` are the wire ids (``parent_call_id`` is 0
     for calls from the gateway); ``deadline`` is Unix seconds or None.
+    ``trace_id``, ``traceparent`` and ``tracestate`` are the invocation's W3C
+    trace context when it has one (the engine traces it, or its caller sent
+    one), else None; internal calls carry it without being told.
     """
 
-    __slots__ = ("call_id", "parent_call_id", "deadline_us", "_channel", "_logger")
+    __slots__ = ("call_id", "parent_call_id", "deadline_us", "_channel", "_logger", "_trace")
 
-    def __init__(self, channel, call_id, parent_call_id, deadline_us):
+    def __init__(self, channel, call_id, parent_call_id, deadline_us, trace=None):
         self._channel = channel
         self.call_id = call_id
         self.parent_call_id = parent_call_id
         self.deadline_us = deadline_us
         self._logger = None
+        self._trace = trace  # the Dispatch's trace bytes, or None
+
+    @property
+    def trace_id(self):
+        """The trace's id, 32 lower-case hex digits, or None."""
+        return self._trace[:16].hex() if self._trace else None
+
+    @property
+    def traceparent(self):
+        """A ``traceparent`` header naming this invocation's span as the
+        parent (for calls to services outside Staccato), or None."""
+        t = self._trace
+        if not t:
+            return None
+        return f"00-{t[:16].hex()}-{t[16:24].hex()}-{t[24] & 1:02x}"
+
+    @property
+    def tracestate(self):
+        """The caller's ``tracestate``, or None when there is none."""
+        t = self._trace
+        return t[25:].decode("ascii", "replace") if t and len(t) > 25 else None
 
     @property
     def function(self):

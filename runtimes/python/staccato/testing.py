@@ -84,12 +84,24 @@ def _as_bytes(result, what):
     raise TypeError(f"{what} returned {type(result).__name__}; expected bytes, bytearray, memoryview, str or None")
 
 
-async def run_handler_async(handler, data=b"", *, function="test", calls=None, timeout_s=None, call_id=None):
+def _trace_bytes(traceparent, tracestate):
+    """A traceparent (and tracestate) as the Dispatch carries them."""
+    if traceparent is None:
+        return None
+    parts = traceparent.split("-")
+    if len(parts) != 4 or [len(p) for p in parts] != [2, 32, 16, 2]:
+        raise ValueError(f"traceparent {traceparent!r} is not 00-<32 hex>-<16 hex>-<2 hex>")
+    return bytes.fromhex(parts[1] + parts[2] + parts[3]) + (tracestate or "").encode("ascii")
+
+
+async def run_handler_async(handler, data=b"", *, function="test", calls=None, timeout_s=None, call_id=None,
+                            traceparent=None, tracestate=None):
     """:func:`run_handler` inside a running event loop."""
     calls = calls if calls is not None else FakeCalls()
     deadline_us = int((time.time() + timeout_s) * 1e6) if timeout_s else 0
     channel = _Channel(function, calls, asyncio.get_running_loop())
-    ctx = Context(channel, call_id if call_id is not None else next(_ids), 0, deadline_us)
+    ctx = Context(channel, call_id if call_id is not None else next(_ids), 0, deadline_us,
+                  _trace_bytes(traceparent, tracestate))
     if isinstance(data, str):
         data = data.encode("utf-8")
     result = handler(ctx, bytes(data))
@@ -98,15 +110,18 @@ async def run_handler_async(handler, data=b"", *, function="test", calls=None, t
     return _as_bytes(result, "the handler")
 
 
-def run_handler(handler, data=b"", *, function="test", calls=None, timeout_s=None, call_id=None):
+def run_handler(handler, data=b"", *, function="test", calls=None, timeout_s=None, call_id=None,
+                traceparent=None, tracestate=None):
     """Runs ``handler(ctx, data)`` once, as the runtime would, and returns
     its output as bytes. ``calls``: a :class:`FakeCalls` (or a dict for
     one); ``timeout_s``: the call's deadline (``ctx.remaining()``), after
-    which an async handler is cancelled (asyncio.TimeoutError)."""
+    which an async handler is cancelled (asyncio.TimeoutError);
+    ``traceparent``/``tracestate``: the invocation's trace context
+    (``ctx.trace_id`` ...), none by default."""
     if isinstance(calls, dict):
         calls = FakeCalls(calls)
     return asyncio.run(run_handler_async(handler, data, function=function, calls=calls, timeout_s=timeout_s,
-                                         call_id=call_id))
+                                         call_id=call_id, traceparent=traceparent, tracestate=tracestate))
 
 
 __all__ = ["FakeCalls", "run_handler", "run_handler_async"]

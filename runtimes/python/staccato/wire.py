@@ -11,6 +11,10 @@ MESSAGE_LEN = 1024
 HEADER_LEN = 64
 INLINE_MAX = MESSAGE_LEN - HEADER_LEN  # 960
 NAME_MAX = 64
+# A traced Dispatch's inline area starts with its trace context: trace id
+# (16), span id (8), flags (1), then its tracestate (up to 512 bytes).
+TRACE_CONTEXT_LEN = 25
+TRACE_LEN_MAX = TRACE_CONTEXT_LEN + 512
 
 # kind, flags, payload_len, call_id, parent_call_id, worker_id, name_len,
 # error_kind, deadline_us, send_ts_ns, aux, reserved
@@ -150,13 +154,17 @@ def decode(buf):
     if kind == INVOKE:
         if not 1 <= name_len <= NAME_MAX:
             raise WireError(f"Invoke name_len {name_len} outside 1..{NAME_MAX}")
+    elif kind == DISPATCH:
+        if name_len and not TRACE_CONTEXT_LEN <= name_len <= TRACE_LEN_MAX:
+            raise WireError(f"Dispatch name_len {name_len} is neither 0 nor {TRACE_CONTEXT_LEN}..{TRACE_LEN_MAX}")
     elif name_len:
-        raise WireError(f"name_len {name_len} on a non-Invoke message")
+        raise WireError(f"name_len {name_len} on a {KIND_NAMES[kind]}")
 
     if flags:  # PAYLOAD_IN_SHM, the only known flag
         if kind < DISPATCH:
             raise WireError(f"PAYLOAD_IN_SHM on {KIND_NAMES[kind]}")
-        # Only an Invoke keeps bytes inline (the callee name) when in shm.
+        # In shm, only an Invoke's callee name or a Dispatch's trace
+        # context stays inline.
         used = name_len
     else:
         if payload_len > INLINE_MAX:

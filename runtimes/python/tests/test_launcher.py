@@ -39,7 +39,9 @@ HANDLER = textwrap.dedent('''
         if cmd == b"ctx":
             return json.dumps({"call_id": ctx.call_id, "parent": ctx.parent_call_id,
                                "deadline": ctx.deadline, "remaining": ctx.remaining(),
-                               "function": ctx.function}).encode()
+                               "function": ctx.function, "trace_id": ctx.trace_id,
+                               "traceparent": ctx.traceparent, "tracestate": ctx.tracestate,
+                               "input": len(arg)}).encode()
         if cmd == b"call":
             name, _, payload = arg.partition(b" ")
             return b"got:" + await ctx.call(name.decode(), payload)
@@ -163,6 +165,22 @@ def test_context_fields(engine, worker):
     assert 0 < info["remaining"] <= 30 and info["function"] == "fn"
     info = json.loads(engine.call(worker, b"ctx", gw_id()).inline)
     assert info["deadline"] is None and info["remaining"] is None and info["parent"] == 0
+    assert info["trace_id"] is None and info["traceparent"] is None and info["tracestate"] is None
+
+
+@pytest.mark.parametrize("size", [3, 2000])  # the input inline, then in shm
+def test_the_trace_context_before_the_input(engine, worker, size):
+    trace = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736" "00f067aa0ba902b7" "01") + b"rojo=1,congo=2"
+    data = b"ctx " + b"x" * size
+    msg = engine.call(worker, data, gw_id(), trace=trace)
+    assert msg.kind == wire.COMPLETION, msg
+    info = json.loads(engine.payload(msg, "o"))
+    assert info["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert info["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert info["tracestate"] == "rojo=1,congo=2" and info["input"] == size
+    # Unsampled, without a state.
+    info = json.loads(engine.call(worker, b"ctx", gw_id(), trace=trace[:24] + b"\0").inline)
+    assert info["traceparent"].endswith("-00") and info["tracestate"] is None
 
 
 # -- Failures ----------------------------------------------------------------

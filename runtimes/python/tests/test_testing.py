@@ -94,3 +94,15 @@ def test_the_package_installs_from_the_repository_and_brings_the_helper(tmp_path
     r = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd=tmp_path,
                        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert r.returncode == 0 and r.stdout.strip() == "cba", r
+
+
+def test_a_trace_context_can_be_given():
+    def handle(ctx, data):
+        return f"{ctx.trace_id} {ctx.traceparent} {ctx.tracestate}"
+
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    out = run_handler(handle, traceparent=tp, tracestate="k=v")
+    assert out == f"4bf92f3577b34da6a3ce929d0e0e4736 {tp} k=v".encode()
+    assert run_handler(handle) == b"None None None"
+    with pytest.raises(ValueError, match="traceparent"):
+        run_handler(handle, traceparent="00-short")

@@ -229,6 +229,25 @@ func (l *Launcher) Dispatch(c *Chan, callID, parent, deadlineUs uint64, data []b
 	}
 }
 
+// DispatchTraced sends a Dispatch whose inline area starts with trace (the
+// call's trace context and state), the input after it or in shm.
+func (l *Launcher) DispatchTraced(c *Chan, callID uint64, trace, data []byte) {
+	l.t.Helper()
+	h := wire.Header{Kind: wire.Dispatch, CallID: callID, NameLen: uint16(len(trace))}
+	var err error
+	if len(trace)+len(data) <= wire.InlineMax {
+		h.PayloadLen = uint32(len(trace) + len(data))
+		err = c.Send(h, trace, data)
+	} else if err = os.WriteFile(l.ShmPath(callID, 'i'), data, 0o600); err == nil {
+		h.Flags |= wire.FlagPayloadInShm
+		h.PayloadLen = uint32(len(data))
+		err = c.Send(h, trace)
+	}
+	if err != nil {
+		l.t.Fatal(err)
+	}
+}
+
 // Reply answers an Invoke: Completion with data, or Failure of errKind.
 func (l *Launcher) Reply(c *Chan, callID uint64, errKind wire.ErrorKind, data []byte) {
 	l.t.Helper()
