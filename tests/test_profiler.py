@@ -164,3 +164,70 @@ def test_configs_faasprofiler_accepts_run_with_warnings(tmp_path):
                for path, ctype, body in _Recorder.seen), _Recorder.seen[:2]
     # The runtime script was found from the working directory, and ran.
     assert (tmp_path / "monitor.out").read_text() == "ran 3\n"
+
+
+class _KeepAliveRecorder(_Recorder):
+    protocol_version = "HTTP/1.1"
+
+
+def _ca_and_server_cert(d, name):
+    """A CA and a certificate for 127.0.0.1 it signed (openssl): (CA cert, server cert, server key)."""
+    ca, ca_key, csr = d / f"{name}-ca.pem", d / f"{name}-ca.key", d / f"{name}.csr"
+    cert, key, ext = d / f"{name}.pem", d / f"{name}.key", d / f"{name}.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+    for argv in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name} CA",
+                  "-keyout", str(ca_key), "-out", str(ca)],
+                 ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", str(key),
+                  "-out", str(csr)],
+                 ["x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+                  "-days", "2", "-extfile", str(ext), "-out", str(cert)]):
+        subprocess.run(["openssl", *argv], check=True, capture_output=True, timeout=60)
+    return ca, cert, key
+
+
+def test_https_endpoints_as_faasprofiler_sends_to_them(tmp_path):
+    """FaaSProfiler's generic endpoint with an https:// URL (its stress-test
+    example): sent over TLS on kept-alive connections, certificates not
+    checked (FaaSProfiler's verify=False) unless --tls-ca names the CA, and
+    then a certificate from another CA fails every request as `tls`."""
+    import ssl
+    ca, cert, key = _ca_and_server_cert(tmp_path, "server")
+    other, _, _ = _ca_and_server_cert(tmp_path, "other")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveRecorder)
+    receiver.socket = ctx.wrap_socket(receiver.socket, server_side=True)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    _Recorder.seen = []
+    config = {
+        "test_name": "https", "test_duration_in_seconds": 2, "random_seed": 7, "blocking_cli": False,
+        "endpoint": "generic",
+        "instances": {"tls": {"application": "app", "url": f"https://127.0.0.1:{receiver.server_port}/app",
+                              "data": {"n": 1}, "distribution": "Uniform", "rate": 20}},
+    }
+    (tmp_path / "w.json").write_text(json.dumps(config))
+
+    def run(name, *extra):
+        p = subprocess.run([str(BIN), "bench", "run", str(tmp_path / "w.json"), "--out", str(tmp_path / name),
+                            "--no-analyze", "--max-connections", "4", *extra],
+                           env=clean_env(STACCATO_GATEWAY="http://127.0.0.1:1"), capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
+        return p.stderr, list(csv.DictReader(open(tmp_path / name / "requests.csv")))
+
+    try:
+        stderr, rows = run("any")
+        assert "certificates are not verified" in stderr, stderr
+        assert len(rows) == 40 and all(r["status"] == "200" and r["error"] == "" for r in rows), rows[:3]
+        assert len(_Recorder.seen) == 40 and all(b == b'{"n":1}' for _, _, b in _Recorder.seen), _Recorder.seen[:2]
+        stderr, rows = run("checked", "--tls-ca", str(ca))
+        assert "not verified" not in stderr, stderr
+        assert len(rows) == 40 and all(r["status"] == "200" for r in rows), rows[:3]
+        stderr, rows = run("wrong-ca", "--tls-ca", str(other))
+        assert len(rows) == 40 and all(r["error"] == "tls" for r in rows), rows[:3]
+        assert len(_Recorder.seen) == 80
+    finally:
+        receiver.shutdown()
+    p = subprocess.run([str(BIN), "bench", "run", str(tmp_path / "w.json"), "--tls-ca", str(tmp_path / "none.pem")],
+                       env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--tls-ca" in p.stderr and "none.pem" in p.stderr, p.stderr

@@ -5,22 +5,30 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum UrlError {
-    #[error("{0}: only http:// URLs are supported")]
+    #[error("{0}: only http:// and https:// URLs are supported")]
     NotHttp(String),
     #[error("{url}: cannot resolve {host}: {why}")]
     Unresolved { url: String, host: String, why: String },
 }
 
-/// `http://host:port/prefix` split into an address and a path prefix.
+/// `http[s]://host:port/prefix` split into an address and a path prefix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Url {
     pub host: String,
     pub addr: SocketAddr,
     pub path: String,
+    /// `https://`: the name the server's certificate is checked against.
+    pub tls: Option<String>,
 }
 
 pub fn parse_url(url: &str) -> Result<Url, UrlError> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| UrlError::NotHttp(url.to_string()))?;
+    let (rest, tls, port) = if let Some(r) = url.strip_prefix("http://") {
+        (r, false, 80)
+    } else if let Some(r) = url.strip_prefix("https://") {
+        (r, true, 443)
+    } else {
+        return Err(UrlError::NotHttp(url.to_string()));
+    };
     let (hostport, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
@@ -28,15 +36,18 @@ pub fn parse_url(url: &str) -> Result<Url, UrlError> {
     let with_port = if hostport.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
         hostport.to_string()
     } else {
-        format!("{hostport}:80")
+        format!("{hostport}:{port}")
     };
+    // The host without its port (and an IPv6 literal without brackets).
+    let name = with_port.rsplit_once(':').map_or(hostport, |(h, _)| h);
+    let name = name.trim_start_matches('[').trim_end_matches(']').to_string();
     let unresolved = |why: String| UrlError::Unresolved { url: url.to_string(), host: hostport.to_string(), why };
     let addr = with_port
         .to_socket_addrs()
         .map_err(|e| unresolved(e.to_string()))?
         .next()
         .ok_or_else(|| unresolved("it has no address".into()))?;
-    Ok(Url { host: hostport.to_string(), addr, path: path.trim_end_matches('/').to_string() })
+    Ok(Url { host: hostport.to_string(), addr, path: path.trim_end_matches('/').to_string(), tls: tls.then_some(name) })
 }
 
 /// The bytes of one request; `path` is the full request target.
@@ -225,7 +236,12 @@ mod tests {
     fn urls_and_requests() {
         let u = parse_url("http://127.0.0.1:8080/").unwrap();
         assert_eq!((u.host.as_str(), u.addr.port(), u.path.as_str()), ("127.0.0.1:8080", 8080, ""));
-        assert_eq!(parse_url("https://x"), Err(UrlError::NotHttp("https://x".into())));
+        assert_eq!(parse_url("ftp://x"), Err(UrlError::NotHttp("ftp://x".into())));
+        let u = parse_url("https://127.0.0.1/fn/").unwrap();
+        assert_eq!((u.addr.port(), u.tls.as_deref(), u.path.as_str()), (443, Some("127.0.0.1"), "/fn"));
+        let u = parse_url("https://localhost:8443").unwrap();
+        assert_eq!((u.addr.port(), u.tls.as_deref()), (8443, Some("localhost")));
+        assert_eq!(parse_url("http://127.0.0.1:9").unwrap().tls, None);
         let r = build_request("POST", "h:1", "/function/f", &[("x-a".into(), "b".into())], b"{}", true);
         assert_eq!(
             r,

@@ -32,6 +32,7 @@ pub mod record;
 pub mod schedule;
 pub mod sender;
 pub mod stats;
+pub mod tls;
 
 use config::{Body, Config};
 use serde_json::{json, Value};
@@ -63,6 +64,9 @@ pub struct RunOptions {
     pub versions: Value,
     /// The management token, for `/system/trace` (never written to the run).
     pub token: Option<String>,
+    /// `https://` targets' certificates are checked against these (PEM);
+    /// without, any certificate is accepted, as FaaSProfiler does.
+    pub tls_ca: Option<PathBuf>,
 }
 
 pub struct RunResult {
@@ -80,6 +84,17 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
     let dir = opts.out_dir.clone().unwrap_or_else(|| {
         PathBuf::from("bench-results").join(format!("{}-{}", cfg.dir_name(), timestamp(started_unix_s as u64)))
     });
+    let tls = if templates.iter().any(|t| t.target.1.is_some()) {
+        if opts.tls_ca.is_none() {
+            eprintln!(
+                "warning: https:// targets' certificates are not verified (as FaaSProfiler does); --tls-ca FILE \
+                 checks them against a CA"
+            );
+        }
+        Some(tls::client_config(opts.tls_ca.as_deref()).map_err(Error::Config)?)
+    } else {
+        None
+    };
     for w in &cfg.warnings {
         eprintln!("warning: {}: {w}", config_path.display());
     }
@@ -110,6 +125,7 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
         end_ns: (cfg.total_duration_s() * 1e9) as u64,
         drain: opts.drain,
         progress: opts.progress,
+        tls,
     };
     let outcomes = sender::run(&plan, &sopts, Instant::now()).map_err(io("sender"));
     if let Some(m) = monitor {
@@ -153,6 +169,12 @@ fn templates(cfg: &Config, base_url: &str) -> Result<Templates, Error> {
             let url_s =
                 inst.url.clone().unwrap_or_else(|| format!("{}/function/{app}", base_url.trim_end_matches('/')));
             let url = http::parse_url(&url_s).map_err(|e| Error::Config(format!("instance {}: {e}", inst.name)))?;
+            let name = match &url.tls {
+                Some(host) => {
+                    Some(tls::server_name(host).map_err(|e| Error::Config(format!("instance {}: {e}", inst.name)))?)
+                }
+                None => None,
+            };
             let path = if url.path.is_empty() { "/".to_string() } else { url.path.clone() };
             let bodies: Vec<(&[u8], bool)> = match &inst.body {
                 Body::Empty => vec![(&[], false)],
@@ -163,7 +185,7 @@ fn templates(cfg: &Config, base_url: &str) -> Result<Templates, Error> {
             row.push(out.len());
             for (body, json) in bodies {
                 out.push(sender::Template {
-                    target: url.addr,
+                    target: (url.addr, name.clone()),
                     bytes: http::build_request(&inst.method, &url.host, &path, &inst.headers, body, json),
                     body_len: body.len(),
                 });

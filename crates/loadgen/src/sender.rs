@@ -8,6 +8,12 @@
 //! until ~1 ms before the next send and spins (zero-timeout polls) for the
 //! rest. With nothing in flight there is no response to notice late, so it
 //! sleeps with nanosleep to ~60 µs before the send instead of spinning.
+//!
+//! An `https://` target's connections run TLS (rustls) over the same
+//! non-blocking sockets: a request's bytes go into the session, which the
+//! loop flushes as the socket takes them; the handshake happens with the
+//! first request of each connection (as the TCP connect does), so its
+//! time is in that request's latency.
 
 use crate::http::{parse_response, Response};
 use crate::schedule::Arrival;
@@ -16,11 +22,16 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Where a request goes: an address, and the server name to run TLS with
+/// (`https://`), if any.
+pub type Target = (SocketAddr, Option<rustls::pki_types::ServerName<'static>>);
 
 /// The prebuilt request of one (instance, application) and where it goes.
 pub struct Template {
-    pub target: SocketAddr,
+    pub target: Target,
     pub bytes: Vec<u8>,
     /// The body's length, what requests.csv reports as bytes_out.
     pub body_len: usize,
@@ -38,6 +49,8 @@ pub struct Options {
     pub end_ns: u64,
     pub drain: Duration,
     pub progress: bool,
+    /// For `https://` targets (`crate::tls`).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// What happened to one arrival.
@@ -59,6 +72,8 @@ enum State {
 
 struct Conn {
     stream: TcpStream,
+    /// The TLS session of an `https://` target's connection.
+    tls: Option<Box<rustls::ClientConnection>>,
     target: usize,
     state: State,
     /// The arrival in flight (Connecting with a request, or Busy).
@@ -76,7 +91,7 @@ struct Sender<'a> {
     free_slots: Vec<usize>,
     /// Idle connections per target address.
     idle: Vec<Vec<usize>>,
-    targets: Vec<SocketAddr>,
+    targets: Vec<Target>,
     template_target: Vec<usize>,
     live: usize,
     in_flight: usize,
@@ -90,14 +105,14 @@ struct Sender<'a> {
 
 /// Runs the plan; `start` is the test's time zero. Returns one outcome per arrival.
 pub fn run(plan: &Plan, opts: &Options, start: Instant) -> std::io::Result<Vec<Outcome>> {
-    let mut targets: Vec<SocketAddr> = Vec::new();
+    let mut targets: Vec<Target> = Vec::new();
     let template_target = plan
         .templates
         .iter()
         .map(|t| match targets.iter().position(|a| *a == t.target) {
             Some(i) => i,
             None => {
-                targets.push(t.target);
+                targets.push(t.target.clone());
                 targets.len() - 1
             }
         })
@@ -210,13 +225,19 @@ impl Sender<'_> {
     }
 
     fn connect(&mut self, target: usize) -> Option<usize> {
-        let stream = TcpStream::connect(self.targets[target]).ok()?;
+        let (addr, name) = &self.targets[target];
+        let tls = match (name, &self.opts.tls) {
+            (None, _) => None,
+            (Some(n), Some(cfg)) => Some(Box::new(rustls::ClientConnection::new(cfg.clone(), n.clone()).ok()?)),
+            (Some(_), None) => return None,
+        };
+        let stream = TcpStream::connect(*addr).ok()?;
         let _ = stream.set_nodelay(true);
         let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1
         });
-        let mut conn = Conn { stream, target, state: State::Connecting, req: None, written: 0, rbuf: Vec::new() };
+        let mut conn = Conn { stream, tls, target, state: State::Connecting, req: None, written: 0, rbuf: Vec::new() };
         if self
             .poll
             .registry()
@@ -256,6 +277,27 @@ impl Sender<'_> {
 
     fn write_some(&mut self, slot: usize) {
         let Some(c) = self.conns[slot].as_mut() else { return };
+        if let Some(tls) = c.tls.as_mut() {
+            // The handshake's records, and the request's once it is written in.
+            let bytes = match (&c.state, c.req) {
+                (State::Busy, Some(i)) => &self.plan.templates[self.plan.template_of[i]].bytes[..],
+                _ => &[],
+            };
+            loop {
+                while c.written < bytes.len() {
+                    match tls.writer().write(&bytes[c.written..]) {
+                        Ok(0) => break, // its buffer is full until records go out
+                        Ok(n) => c.written += n,
+                        Err(_) => return self.drop_conn(slot, "tls"),
+                    }
+                }
+                match flush_tls(tls, &mut c.stream) {
+                    Ok(true) if c.written < bytes.len() => continue,
+                    Ok(_) => return,
+                    Err(_) => return self.drop_conn(slot, "reset"),
+                }
+            }
+        }
         let (State::Busy, Some(i)) = (&c.state, c.req) else { return };
         let bytes = &self.plan.templates[self.plan.template_of[i]].bytes;
         while c.written < bytes.len() {
@@ -273,6 +315,21 @@ impl Sender<'_> {
         let mut buf = [0u8; 16 * 1024];
         loop {
             let Some(c) = self.conns[slot].as_mut() else { return };
+            if let Some(tls) = c.tls.as_mut() {
+                match read_tls(tls, &mut c.stream, &mut c.rbuf, &mut buf) {
+                    Ok(TlsRead::More) => {
+                        // The handshake's answers, and a request waiting for it.
+                        self.write_some(slot);
+                        if self.conns[slot].as_ref().is_some_and(|c| !c.rbuf.is_empty()) && !self.try_complete(slot) {
+                            return;
+                        }
+                        continue;
+                    }
+                    Ok(TlsRead::Blocked) => return self.write_some(slot),
+                    Ok(TlsRead::Closed) => return self.drop_conn(slot, "reset"),
+                    Err(word) => return self.drop_conn(slot, word),
+                }
+            }
             match c.stream.read(&mut buf) {
                 Ok(0) => return self.drop_conn(slot, "reset"),
                 Ok(n) => {
@@ -379,4 +436,63 @@ impl Sender<'_> {
         );
         self.second_latencies_ns.clear();
     }
+}
+
+/// Sends the session's pending records as far as the socket takes them:
+/// true when all went out.
+fn flush_tls(tls: &mut rustls::ClientConnection, stream: &mut TcpStream) -> std::io::Result<bool> {
+    while tls.wants_write() {
+        match tls.write_tls(stream) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+enum TlsRead {
+    /// Records were read (the response may have grown).
+    More,
+    /// Nothing more until the socket is readable again.
+    Blocked,
+    /// The peer closed the connection.
+    Closed,
+}
+
+/// Reads records from the socket into the session and its plaintext into
+/// `rbuf`. Err: the transport error word.
+fn read_tls(
+    tls: &mut rustls::ClientConnection,
+    stream: &mut TcpStream,
+    rbuf: &mut Vec<u8>,
+    buf: &mut [u8],
+) -> Result<TlsRead, &'static str> {
+    match tls.read_tls(stream) {
+        Ok(0) => return Ok(TlsRead::Closed),
+        Ok(_) => {}
+        Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(TlsRead::Blocked),
+        Err(e) if e.kind() == ErrorKind::Interrupted => return Ok(TlsRead::More),
+        Err(_) => return Err("reset"),
+    }
+    // A bad certificate (with --tls-ca), a failed handshake, a bad record.
+    let state = tls.process_new_packets().map_err(|_| "tls")?;
+    let mut left = state.plaintext_bytes_to_read();
+    while left > 0 {
+        match tls.reader().read(buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                rbuf.extend_from_slice(&buf[..n]);
+                left = left.saturating_sub(n);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(_) => return Err("reset"),
+        }
+    }
+    if state.peer_has_closed() && rbuf.is_empty() {
+        return Ok(TlsRead::Closed);
+    }
+    Ok(TlsRead::More)
 }

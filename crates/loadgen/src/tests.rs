@@ -106,6 +106,7 @@ fn a_run_writes_the_records() {
         progress: false,
         token: None,
         versions: json!({"staccato": "test", "git": null}),
+        tls_ca: None,
     };
     let t = Instant::now();
     let res = run(&dir.join("w.json"), &opts).unwrap();
@@ -173,6 +174,7 @@ fn refused_connections_are_errors_not_hangs() {
         progress: false,
         token: None,
         versions: Value::Null,
+        tls_ca: None,
     };
     let res = run(&dir.join("w.json"), &opts).unwrap();
     assert_eq!(res.summary["overall"]["count"], 10);

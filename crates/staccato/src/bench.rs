@@ -48,6 +48,10 @@ pub struct RunArgs {
     /// Do not run the Python analyzer afterwards.
     #[arg(long)]
     no_analyze: bool,
+    /// Check https:// targets' certificates against the CA certificates in this PEM file
+    /// (by default any certificate is accepted, as FaaSProfiler does).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
 }
 
 /// `gateway`: --gateway / STACCATO_GATEWAY, for configs without `base_url`.
@@ -79,6 +83,7 @@ fn run_workload(a: RunArgs, gateway: &str, token: Option<String>) -> Result<()> 
         drain: Duration::from_secs_f64(a.drain_timeout_s.max(0.0)),
         progress: true,
         versions: serde_json::json!({"staccato": env!("CARGO_PKG_VERSION"), "git": staccato_bench::git_describe()}),
+        tls_ca: a.tls_ca,
     };
     let res = loadgen::run(&a.config, &opts)?;
     let o = &res.summary["overall"];
