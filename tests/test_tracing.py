@@ -265,3 +265,27 @@ def test_an_async_call_runs_in_its_callers_trace(tmp_path, receiver):
     a, b, c = chain_spans(TRACE_ID)
     assert b.parent_span_id == a.span_id and c.parent_span_id == b.span_id
     assert a.trace_state == STATE
+
+
+def test_inputs_at_the_inline_limit_with_a_trace_context(tmp_path, receiver):
+    """The context takes inline room: 960 - 25 bytes of input stay inline
+    with a bare context, 960 - 537 with a 512-byte tracestate; one more goes
+    to a payload file. Every size comes back whole from Python and C."""
+    state = "a=" + "x" * 254 + ",b=" + "y" * 253
+    assert len(state) == 512
+    extra = ["--otlp-endpoint", f"http://127.0.0.1:{receiver.server_port}", "--trace-sample", "0"]
+    with own_server(tmp_path / "srv", extra=extra) as srv:
+        srv.deploy(FUNCS)
+        for fn in ("echo", "echo-c"):
+            for headers, sizes in (({"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}, (0, 1, 935, 936, 960, 5000)),
+                                   ({"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": state},
+                                    (0, 423, 424, 960)),
+                                   ({"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-00", "tracestate": state},
+                                    (423, 424))):
+                for n in sizes:
+                    data = bytes((i * 7 + n) % 251 for i in range(n))
+                    r = srv.invoke(fn, data, headers=headers)
+                    want = data if fn == "echo" else b"c:" + data  # echo.c says who answered
+                    assert r.status == 200 and r.body == want, (fn, n, headers.get("tracestate", "")[:8], r)
+        assert wait_for(lambda: len(of_trace(TRACE_ID)) >= 20, 15), Receiver.problems
+    assert {s.trace_state for s in of_trace(TRACE_ID)} == {"", state}

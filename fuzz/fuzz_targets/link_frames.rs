@@ -28,6 +28,17 @@ impl Write for Peer {
     }
 }
 
+/// A whole trace block, if any: one that decodes encodes back to a block
+/// that decodes to the same context, its state within the limit.
+fn check_block(block: Option<&[u8]>) {
+    let Some(b) = block else { return };
+    assert_eq!(trace_block_len(b), Some(b.len()));
+    if let Some(t) = api::trace::TraceContext::decode(b) {
+        assert!(t.state.len() <= TRACE_STATE_LEN_MAX);
+        assert_eq!(api::trace::TraceContext::decode(&t.encode()), Some(t));
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     // A stream of frames is split without reading past its end, and every
     // header that decodes encodes back to the same bytes.
@@ -49,19 +60,21 @@ fuzz_target!(|data: &[u8]| {
                 n + name.len() + input.len() == body.len()
                     || (ctx.is_none() && name.is_empty() && input.is_empty() && trace_block_len(body).is_none())
             );
-            if let Some(t) = ctx.and_then(api::trace::TraceContext::decode) {
-                let again = t.encode();
-                assert_eq!(trace_block_len(&again), Some(again.len()));
-                assert!(t.state.len() <= TRACE_STATE_LEN_MAX);
-            }
+            check_block(ctx);
         }
         if h.kind == FrameKind::Forward {
             // Split within the body, or refused; a split one is written
             // back to the same body.
             if let Some(f) = forward_parts(&h, body) {
                 assert_eq!(FORWARD_PREFIX_LEN + f.trace.len() + f.name.len() + f.input.len(), body.len());
+                assert_eq!(h.forward_traced(), !f.trace.is_empty());
+                check_block((!f.trace.is_empty()).then_some(f.trace));
                 let again = forward_frame(h.call_id, h.call_timeout_ms(), h.forward_depth(), &f);
                 assert_eq!(&again[FRAME_HEADER_LEN..], body);
+                // The header too: its flag and depth (c) come back as they were.
+                let hb: &[u8; FRAME_HEADER_LEN] = again[..FRAME_HEADER_LEN].try_into().unwrap();
+                let h2 = FrameHeader::decode(hb).unwrap();
+                assert_eq!((h2.forward_depth(), h2.forward_traced()), (h.forward_depth(), h.forward_traced()));
             } else {
                 let rest = body.get(FORWARD_PREFIX_LEN..).unwrap_or(&[]);
                 let block = if h.forward_traced() { trace_block_len(rest) } else { Some(0) };

@@ -40,9 +40,9 @@ export function wallMs() {
  * `callId` / `parentCallId` are the wire ids as BigInts (`parentCallId` is 0n
  * for calls from the gateway); `deadlineUs` is the absolute deadline in
  * microseconds since the Unix epoch (0n: none). `traceId`, `traceparent` and
- * `tracestate` are the invocation's W3C trace context when it has one (the
- * engine traces it, or its caller sent one), else null; internal calls carry
- * it without being told.
+ * `tracestate` are the invocation's W3C trace context when it has one (on an
+ * engine that traces, --otlp-endpoint: it records the call, or its caller
+ * sent a context), else null; internal calls carry it without being told.
  */
 export class Context {
   #channel;

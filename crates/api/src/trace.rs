@@ -125,17 +125,22 @@ pub use wire::frame::trace_block_len as block_len;
 /// if any member breaks the rules, there are too many, or it is too long.
 fn join_state<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<String> {
     let mut out = String::new();
-    let mut members = 0;
+    let mut keys: Vec<&[u8]> = Vec::new();
     for v in values {
         for m in v.split(|c| *c == b',') {
             let m = trim_ows(m);
             if m.is_empty() {
                 continue;
             }
-            members += 1;
-            if members > STATE_MEMBERS_MAX || !state_member(m) {
+            if keys.len() == STATE_MEMBERS_MAX || !state_member(m) {
                 return None;
             }
+            // Each key once (state_member found its '=').
+            let key = &m[..m.iter().position(|c| *c == b'=')?];
+            if keys.contains(&key) {
+                return None;
+            }
+            keys.push(key);
             if !out.is_empty() {
                 out.push(',');
             }
@@ -156,23 +161,25 @@ fn trim_ows(mut m: &[u8]) -> &[u8] {
     m
 }
 
-/// `key=value`: a key of lower-case letters, digits and `_-*/` starting
-/// with a letter or digit (`tenant@system` allowed), at most 256 bytes; a
+/// `key=value` as the recommendation's grammar has it: a key of lower-case
+/// letters, digits and `_-*/`, either simple (a letter first, at most 256
+/// bytes) or `tenant@system` (a tenant of at most 241 starting with a
+/// letter or digit, a system of at most 14 starting with a letter); a
 /// value of 1 to 256 printable ASCII bytes but `,` and `=`, not ending in a
 /// space.
 fn state_member(m: &[u8]) -> bool {
     let Some(eq) = m.iter().position(|c| *c == b'=') else { return false };
     let (key, value) = (&m[..eq], &m[eq + 1..]);
     let key_char = |c: &u8| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'*' | b'/');
-    let key_ok = |k: &[u8]| {
+    let part = |k: &[u8], max: usize, digit_first: bool| {
         !k.is_empty()
-            && k.len() <= 256
-            && (k[0].is_ascii_lowercase() || k[0].is_ascii_digit())
+            && k.len() <= max
+            && (k[0].is_ascii_lowercase() || digit_first && k[0].is_ascii_digit())
             && k.iter().all(key_char)
     };
     let key_ok = match key.iter().position(|c| *c == b'@') {
-        Some(at) => key_ok(&key[..at]) && key_ok(&key[at + 1..]),
-        None => key_ok(key),
+        Some(at) => part(&key[..at], 241, true) && part(&key[at + 1..], 14, false),
+        None => part(key, 256, false),
     };
     let value_ok = !value.is_empty()
         && value.len() <= 256
@@ -237,6 +244,10 @@ mod tests {
             b"ro jo=1",
             b"r@=1",
             b"rojo=\x7f",
+            b"1rojo=x",
+            b"t@1sys=x",
+            b"t@system-of-15chr=x",
+            b"rojo=1,rojo=2",
         ] {
             let t = TraceContext::from_headers(p, std::iter::once(bad)).unwrap();
             assert_eq!(t.state, "", "{:?}", String::from_utf8_lossy(bad));

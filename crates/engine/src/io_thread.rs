@@ -1060,8 +1060,13 @@ impl IoThread {
         };
         let (name, input, parent, depth, trace) = match fh.kind {
             FrameKind::Call => {
+                let trace = wire::frame::call_trace(&fh, &body);
+                if fh.call_traced() && trace.is_none() {
+                    let msg = format!("a Call frame of {} bytes cannot hold the trace block it claims", body.len());
+                    return reject(self, ErrorKind::BadRequest, msg);
+                }
                 let (name, input) = wire::frame::call_parts(&fh, &body);
-                (name, input, None, 0, wire::frame::call_trace(&fh, &body).unwrap_or(&[]))
+                (name, input, None, 0, trace.unwrap_or(&[]))
             }
             FrameKind::Forward => {
                 let Some(f) = wire::frame::forward_parts(&fh, &body) else {

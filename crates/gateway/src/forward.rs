@@ -25,9 +25,14 @@ pub(crate) async fn run(sh: Arc<GwShared>, th: Rc<ThreadState>, f: Forwarded) {
 
 async fn send_on(sh: &GwShared, th: &ThreadState, f: &Forwarded) -> Reply {
     let err = |kind, msg: String| Reply::Err(kind, msg, Timing::default());
-    let Some(parts) = wire::frame::forward_parts(&f.header, &f.body) else {
+    let Some(mut parts) = wire::frame::forward_parts(&f.header, &f.body) else {
         return err(ErrorKind::BadRequest, format!("a Forward frame of {} bytes is malformed", f.body.len()));
     };
+    // A trace block is passed on only if it decodes (a valid context and
+    // state), as a header would be.
+    if !parts.trace.is_empty() && api::trace::TraceContext::decode(parts.trace).is_none() {
+        parts.trace = &[];
+    }
     let name = match std::str::from_utf8(parts.name) {
         Ok(n) if wire::valid_function_name(n) => n,
         _ => return err(ErrorKind::NotFound, format!("no function named {:?}", String::from_utf8_lossy(parts.name))),

@@ -125,6 +125,12 @@ impl FrameHeader {
         self.c & CALL_KEY_CHECKED != 0
     }
 
+    /// `Call`: the body starts with a trace block (`c` bit 2).
+    pub fn call_traced(&self) -> bool {
+        debug_assert_eq!(self.kind, FrameKind::Call);
+        self.c & CALL_TRACE_CONTEXT != 0
+    }
+
     /// `Call`: an asynchronous call the gateway runs from its queue (`c`
     /// bit 1): the engine runs it after ordinary calls, within τ.
     pub fn call_background(&self) -> bool {
@@ -446,7 +452,13 @@ mod tests {
         long.extend_from_slice(&513u16.to_le_bytes());
         long.extend_from_slice(&[b'a'; 513]);
         assert_eq!(call_trace(&h2, &long), None);
-        assert_eq!(trace_block_len(&long[..30]), None);
+        // A state within the limit that the body does not hold all of.
+        let mut cut = vec![7u8; TRACE_CONTEXT_LEN];
+        cut.extend_from_slice(&10u16.to_le_bytes());
+        cut.extend_from_slice(b"k=v");
+        assert_eq!(trace_block_len(&cut), None);
+        cut.extend_from_slice(b"1234567");
+        assert_eq!(trace_block_len(&cut), Some(TRACE_CONTEXT_LEN + 12));
     }
 
     #[test]

@@ -104,8 +104,9 @@ STACCATO_API int staccato_set_error(staccato_ctx *ctx, const char *fmt, ...) STA
 STACCATO_API uint64_t staccato_call_id(const staccato_ctx *ctx);
 STACCATO_API uint64_t staccato_parent_call_id(const staccato_ctx *ctx);
 
-/* The invocation's W3C trace context, when it has one (the engine traces it,
- * or its caller sent one; internal calls carry it without being told): the
+/* The invocation's W3C trace context, when it has one (on an engine that
+ * traces, --otlp-endpoint: it records the call, or its caller sent a context;
+ * internal calls carry it without being told): the
  * trace id (32 lower-case hex digits), a traceparent header value naming this
  * invocation's span as the parent (for calls to services outside Staccato),
  * and the caller's tracestate.  Each is "" when there is none; valid until

@@ -25,6 +25,7 @@ struct staccato_ctx {
     staccato_test_call *calls;
     size_t n_calls;
     char trace_id[33];
+    char traceparent[56]; /* as the runtime gives it: version 00, flag bit 0 */
 };
 
 static int64_t now_us(void)
@@ -80,7 +81,7 @@ uint64_t staccato_call_id(const staccato_ctx *ctx) { return ctx->call_id; }
 uint64_t staccato_parent_call_id(const staccato_ctx *ctx) { (void)ctx; return 0; }
 int64_t staccato_deadline_us(const staccato_ctx *ctx) { return ctx->deadline_us; }
 const char *staccato_trace_id(const staccato_ctx *ctx) { return ctx->trace_id; }
-const char *staccato_traceparent(const staccato_ctx *ctx) { return ctx->o->traceparent ? ctx->o->traceparent : ""; }
+const char *staccato_traceparent(const staccato_ctx *ctx) { return ctx->traceparent; }
 const char *staccato_tracestate(const staccato_ctx *ctx)
 {
     return ctx->o->traceparent && ctx->o->tracestate ? ctx->o->tracestate : "";
@@ -200,7 +201,10 @@ int staccato_test_run(int (*handler)(staccato_ctx *, const uint8_t *, size_t), c
             r->error = (char *)copy("traceparent is not 00-<32 hex>-<16 hex>-<2 hex>", 47);
             return r->error_kind;
         }
-        memcpy(ctx.trace_id, ctx.o->traceparent + 3, 32);
+        const char *t = ctx.o->traceparent;
+        memcpy(ctx.trace_id, t + 3, 32);
+        int sampled = (t[54] >= '0' && t[54] <= '9' ? t[54] - '0' : t[54] - 'a' + 10) & 1;
+        snprintf(ctx.traceparent, sizeof ctx.traceparent, "00-%.32s-%.16s-0%d", t + 3, t + 36, sampled);
     }
     r->returned = handler(&ctx, input, input_len);
     pthread_mutex_destroy(&ctx.calls_lock);

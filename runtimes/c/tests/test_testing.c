@@ -129,6 +129,13 @@ int main(void)
     CHECK(staccato_test_run(trace_handler, NULL, 0, NULL, &r) == STACCATO_OK);
     CHECK(r.output && strcmp((char *)r.output, "  ") == 0);
     staccato_test_result_free(&r);
+    /* Given as the runtime would give it: version 00, the sampled bit only. */
+    traced.traceparent = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03";
+    traced.tracestate = NULL;
+    CHECK(staccato_test_run(trace_handler, NULL, 0, &traced, &r) == STACCATO_OK);
+    CHECK(r.output && strcmp((char *)r.output, "4bf92f3577b34da6a3ce929d0e0e4736 "
+                                               "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 ") == 0);
+    staccato_test_result_free(&r);
     traced.traceparent = "00-short";
     CHECK(staccato_test_run(trace_handler, NULL, 0, &traced, &r) == STACCATO_ERR_BAD_REQUEST);
     CHECK(r.error && strstr(r.error, "traceparent"));

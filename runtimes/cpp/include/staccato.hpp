@@ -144,8 +144,8 @@ public:
     std::uint64_t call_id() const noexcept { return staccato_call_id(ctx_); }
     std::uint64_t parent_call_id() const noexcept { return staccato_parent_call_id(ctx_); }
 
-    // The invocation's W3C trace context when it has one (the engine traces
-    // it, or its caller sent one): the trace id (32 hex digits), a
+    // The invocation's W3C trace context when it has one (on an engine that
+    // traces, --otlp-endpoint): the trace id (32 hex digits), a
     // traceparent naming this invocation's span as the parent (for calls to
     // services outside Staccato), the caller's tracestate; empty when none.
     std::string_view trace_id() const noexcept { return staccato_trace_id(ctx_); }

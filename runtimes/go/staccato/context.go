@@ -35,8 +35,9 @@ type Context struct {
 }
 
 // TraceID is the invocation's W3C trace id (32 lower-case hex digits), or
-// "" when it has no trace context (the engine traces it, or its caller sent
-// one). Internal calls carry the context without being told.
+// "" when it has no trace context (it has one on an engine that traces,
+// --otlp-endpoint, when the engine records the call or its caller sent a
+// context). Internal calls carry the context without being told.
 func (c *Context) TraceID() string {
 	if c.trace == nil {
 		return ""

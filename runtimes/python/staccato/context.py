@@ -20,8 +20,9 @@ class Context:
     ``call_id`` / ``parent_call_id`` are the wire ids (``parent_call_id`` is 0
     for calls from the gateway); ``deadline`` is Unix seconds or None.
     ``trace_id``, ``traceparent`` and ``tracestate`` are the invocation's W3C
-    trace context when it has one (the engine traces it, or its caller sent
-    one), else None; internal calls carry it without being told.
+    trace context when it has one (on an engine that traces, --otlp-endpoint:
+    it records the call, or its caller sent a context), else None; internal
+    calls carry it without being told.
     """
 
     __slots__ = ("call_id", "parent_call_id", "deadline_us", "_channel", "_logger", "_trace")
