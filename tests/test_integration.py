@@ -138,20 +138,21 @@ def test_one_mib_payloads_through_shared_memory(server):
 
 def test_tau_bounds_running_invocations(server):
     fn = "tau-c"  # slow.c; min 1, max 8; no other test calls it
-    # Warm-up: one 200 ms call every 400 ms. The first interval initialises λ
-    # (≈ 2.5/s) and the first call t (≈ 0.2 s); alpha = 1e-3 keeps them there,
-    # so τ = ceil(λ·t) = ceil(0.5) = 1.
+    # Warm-up: one 200 ms call a second. The first interval initialises λ
+    # (≈ 1/s) and the first call t (≈ 0.2 s); alpha = 1e-3 keeps them there,
+    # so τ = ceil(λ·t) = ceil(0.2) = 1.
     t0 = time.monotonic()
     for i in range(4):
-        time.sleep(max(0.0, t0 + 0.4 * i - time.monotonic()))
+        time.sleep(max(0.0, t0 + 1.0 * i - time.monotonic()))
         assert ok_body(server.invoke(fn, b"200"))
     s = server.sched(fn)
     assert s["tau"] == 1, s
-    assert 1.5 < s["rate_per_s"] < 4.0, s
+    assert 0.6 < s["rate_per_s"] < 1.6, s
     assert 150 < s["processing_ms"] < 450, s
 
     # A (600 ms) and, 100 ms later, B (200 ms): τ = 1, so B waits for A even
-    # though max_workers would allow another worker.
+    # though max_workers would allow another worker (A running longer than
+    # t would count as t only past 1/λ ≈ 1 s).
     with ThreadPoolExecutor(2) as ex:
         fa = ex.submit(server.invoke, fn, b"600")
         time.sleep(0.1)
@@ -166,6 +167,18 @@ def test_tau_bounds_running_invocations(server):
     assert timing(rb)["queue_us"] >= 300_000, rb.headers  # ≈ 500 ms expected
     assert timing(ra)["queue_us"] < 100_000, ra.headers
     assert server.sched(fn)["running_max"] == 1
+
+    # C (3 s) and, 100 ms later, D: once C has run ~1/λ, λ·(C's time so
+    # far) passes 1 and τ grows: D starts long before C ends, not after it.
+    with ThreadPoolExecutor(2) as ex:
+        fc = ex.submit(server.invoke, fn, b"3000")
+        time.sleep(0.1)
+        fd = ex.submit(server.invoke, fn, b"100")
+        rc, rd = fc.result(15), fd.result(15)
+    c, d = json.loads(ok_body(rc)), json.loads(ok_body(rd))
+    assert d["start_us"] < c["end_us"] - 1_000_000, (c, d)
+    assert 500_000 <= timing(rd)["queue_us"] <= 2_500_000, rd.headers  # ≈ 0.9 s expected
+    assert server.sched(fn)["running_max"] == 2
 
 
 def test_running_max_never_exceeds_max_workers(server):

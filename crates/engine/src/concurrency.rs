@@ -95,13 +95,25 @@ impl ConcurrencyHint {
     /// none are (so a pool whose calls never complete, all timing out say,
     /// still shrinks); from the first completion on, λ·t bounds it as
     /// usual.
-    pub fn tau(&self, now_ns: u64, busy: bool, min_workers: u32, max_workers: u32) -> u32 {
+    ///
+    /// The processing time is an average of many calls (α is small), so
+    /// when calls become slower it lags far behind: at 10 calls/s of 1 ms
+    /// turning into 200 ms, τ would stay 1 for ~500 completions while the
+    /// queue grows. `running_for_s`, how long the oldest running call has
+    /// run (0: none, or no call is waiting), stands in for t when it is
+    /// longer: calls that have run longer than expected with others
+    /// queued behind them grow τ at once. It is what the running calls
+    /// show, not a guess, so a function that is merely busy (its calls as
+    /// long as ever) keeps τ = λ·t, Nightcore's guard against
+    /// over-provisioning.
+    pub fn tau(&self, now_ns: u64, busy: bool, min_workers: u32, max_workers: u32, running_for_s: f64) -> u32 {
         let lo = min_workers.max(1);
         let hi = max_workers.max(lo);
         if self.processing_s.get().is_none() {
             return if busy { hi } else { lo };
         }
-        let raw = (self.rate_per_s(now_ns, busy) * self.processing_s()).ceil();
+        let t = self.processing_s().max(running_for_s);
+        let raw = (self.rate_per_s(now_ns, busy) * t).ceil();
         if raw.is_nan() {
             return lo;
         }
@@ -133,39 +145,39 @@ mod tests {
             h.on_arrival(i * 10 * MS);
             h.on_processed(50 * MS);
         }
-        assert_eq!(h.tau(99 * 10 * MS, false, 1, 64), 5);
+        assert_eq!(h.tau(99 * 10 * MS, false, 1, 64, 0.0), 5);
         // Clamped to max_workers.
-        assert_eq!(h.tau(99 * 10 * MS, false, 1, 3), 3);
+        assert_eq!(h.tau(99 * 10 * MS, false, 1, 3, 0.0), 3);
     }
 
     #[test]
     fn without_a_processing_time_tau_is_max_workers() {
         let mut h = ConcurrencyHint::new(1e-3);
-        assert_eq!(h.tau(0, true, 0, 8), 8);
-        assert_eq!(h.tau(0, false, 0, 8), 1, "nothing to run: the floor");
+        assert_eq!(h.tau(0, true, 0, 8, 0.0), 8);
+        assert_eq!(h.tau(0, false, 0, 8, 0.0), 1, "nothing to run: the floor");
         // A burst of 16 to a fresh function: all may run at once...
         for i in 0..16 {
             h.on_arrival(i * 1000);
         }
-        assert_eq!(h.tau(16_000, true, 1, 16), 16);
+        assert_eq!(h.tau(16_000, true, 1, 16, 0.0), 16);
         // ...and once one has finished, λ·t rules: 1 call/s of 10 ms.
         let mut h = ConcurrencyHint::new(1e-3);
         h.on_arrival(0);
         h.on_arrival(1000 * MS);
         h.on_processed(10 * MS);
-        assert_eq!(h.tau(1000 * MS, false, 1, 16), 1);
+        assert_eq!(h.tau(1000 * MS, false, 1, 16, 0.0), 1);
     }
 
     #[test]
     fn tau_never_zero() {
         let mut h = ConcurrencyHint::new(1e-3);
         h.on_processed(MS);
-        assert_eq!(h.tau(0, false, 0, 8), 1, "no rate yet");
+        assert_eq!(h.tau(0, false, 0, 8, 0.0), 1, "no rate yet");
         let mut h = ConcurrencyHint::new(1e-3);
         h.on_arrival(0);
         h.on_arrival(1000 * MS);
         h.on_processed(1_000); // 1 µs at 1 call/s: τ = 1e-6, rounds up to 1
-        assert_eq!(h.tau(1000 * MS, false, 0, 8), 1);
+        assert_eq!(h.tau(1000 * MS, false, 0, 8, 0.0), 1);
     }
 
     #[test]
@@ -177,12 +189,29 @@ mod tests {
         }
         let last = 999 * MS;
         assert!((h.rate_per_s(last, false) - 1000.0).abs() < 1.0);
-        assert_eq!(h.tau(last, false, 1, 64), 10);
+        assert_eq!(h.tau(last, false, 1, 64, 0.0), 10);
         // Two seconds of silence: λ ≤ 0.5/s, so τ falls to the floor.
         assert!(h.rate_per_s(last + 2000 * MS, false) <= 0.5);
-        assert_eq!(h.tau(last + 2000 * MS, false, 1, 64), 1);
+        assert_eq!(h.tau(last + 2000 * MS, false, 1, 64, 0.0), 1);
         // ... unless calls are still queued or running: then it is no silence.
-        assert_eq!(h.tau(last + 2000 * MS, true, 1, 64), 10);
+        assert_eq!(h.tau(last + 2000 * MS, true, 1, 64, 0.0), 10);
+    }
+
+    #[test]
+    fn calls_running_longer_than_expected_grow_tau() {
+        let mut h = ConcurrencyHint::new(1e-3);
+        // 10 calls/s of 1 ms: τ = 1.
+        for i in 0..1000 {
+            h.on_arrival(i * 100 * MS);
+            h.on_processed(MS);
+        }
+        let now = 999 * 100 * MS;
+        assert_eq!(h.tau(now, true, 1, 64, 0.0), 1);
+        // Calls turn slow: the oldest running one is 250 ms in, calls wait.
+        assert_eq!(h.tau(now, true, 1, 64, 0.25), 3, "10/s × 0.25 s");
+        assert_eq!(h.tau(now, true, 1, 2, 0.25), 2, "within max_workers");
+        // A running call younger than the average changes nothing.
+        assert_eq!(h.tau(now, true, 1, 64, 0.0005), 1);
     }
 
     #[test]
@@ -195,6 +224,6 @@ mod tests {
         for i in 0..8 {
             h.on_arrival(t + i * 1000); // 1 µs apart: samples of 1e6/s
         }
-        assert!(h.tau(t + 8000, true, 1, 64) > 4);
+        assert!(h.tau(t + 8000, true, 1, 64, 0.0) > 4);
     }
 }

@@ -48,6 +48,8 @@ pub struct Worker {
     pub ready_ns: u64,
     /// When it last became idle; while `Starting`, when it was asked for.
     pub idle_since_ns: u64,
+    /// When its call was dispatched (while `Busy`).
+    pub busy_since_ns: u64,
 }
 
 /// How many recent worker start-up times are kept for status reports.
@@ -123,7 +125,20 @@ impl Scheduler {
             return self.max_workers.max(1);
         }
         let busy = self.queued() > 0 || self.running > 0;
-        let tau = self.hint.tau(now_ns, busy, self.min_workers, self.max_workers);
+        // With calls waiting: how long the oldest running call has run.
+        let running_for_s = if self.queue.is_empty() || self.running == 0 {
+            0.0
+        } else {
+            let oldest = self
+                .workers
+                .values()
+                .filter(|w| matches!(w.state, WorkerState::Busy(_)))
+                .map(|w| w.busy_since_ns)
+                .min()
+                .unwrap_or(now_ns);
+            now_ns.saturating_sub(oldest) as f64 / 1e9
+        };
+        let tau = self.hint.tau(now_ns, busy, self.min_workers, self.max_workers, running_for_s);
         debug_assert!(tau >= 1, "τ = {tau}: a function could never run a call");
         tau
     }
@@ -226,6 +241,7 @@ impl Scheduler {
         let w = self.workers.get_mut(&worker)?;
         debug_assert_eq!(w.state, WorkerState::Idle, "dispatching to worker {worker}, which is not idle");
         w.state = WorkerState::Busy(call);
+        w.busy_since_ns = now_ns;
         self.running += 1;
         self.running_max = self.running_max.max(self.running);
         self.check();
@@ -271,7 +287,10 @@ impl Scheduler {
     }
 
     pub fn worker_starting(&mut self, id: u32, owner: usize, now_ns: u64) {
-        self.workers.insert(id, Worker { state: WorkerState::Starting, owner, ready_ns: 0, idle_since_ns: now_ns });
+        self.workers.insert(
+            id,
+            Worker { state: WorkerState::Starting, owner, ready_ns: 0, idle_since_ns: now_ns, busy_since_ns: 0 },
+        );
     }
 
     /// The worker said hello. Returns false for a worker we did not ask for.
@@ -546,6 +565,35 @@ mod tests {
     }
 
     #[test]
+    fn calls_turning_slow_grow_tau_while_others_wait() {
+        let mut s = Scheduler::new(1, 16, 1e-3);
+        ready_pool(&mut s, 1);
+        // A steady 10 calls/s of 1 ms: τ = 1.
+        let mut now = 0;
+        for i in 0..200 {
+            now = i * 100 * MS;
+            s.enqueue(i + 1, now);
+            let (c, w) = s.next_dispatch(now, 0).expect("dispatch");
+            s.complete(w, c, MS, now + MS);
+        }
+        now += 100 * MS;
+        s.enqueue(1000, now);
+        let (c, w) = s.next_dispatch(now, 0).expect("dispatch");
+        assert_eq!(c, 1000);
+        // It runs on; calls keep coming at 10/s behind it.
+        s.enqueue(1001, now + 50 * MS);
+        assert_eq!(s.tau(now + 50 * MS), 1, "50 ms in: λ·50 ms < 1");
+        s.enqueue(1002, now + 150 * MS);
+        s.enqueue(1003, now + 250 * MS);
+        assert_eq!(s.tau(now + 250 * MS), 3, "λ ~10/s × 250 ms running");
+        assert_eq!(s.workers_to_create(now + 250 * MS), 2);
+        // Nothing waiting: τ is λ·t again, however long the call runs.
+        s.queue.clear();
+        assert_eq!(s.tau(now + 400 * MS), 1);
+        let _ = (w, c);
+    }
+
+    #[test]
     fn queued_burst_keeps_tau_up() {
         let mut s = Scheduler::new(1, 8, 1e-3);
         ready_pool(&mut s, 1);
@@ -645,15 +693,16 @@ mod tests {
         // τ is taken by a background call: the next background one waits...
         assert_eq!(s.next_dispatch(now, 0), None);
         assert_eq!(s.workers_to_create(now), 0);
-        // ...but an ordinary call does not, and goes before it.
-        let now = 3000 * MS;
+        // ...but an ordinary call does not, and goes before it. (Soon after:
+        // calls running longer than t with others waiting would grow τ.)
+        let now = 2050 * MS;
         s.enqueue(20, now);
         assert_eq!(s.tau(now), 1);
         let (c, w20) = s.next_dispatch(now, 0).expect("an ordinary call is not held back");
         assert_eq!(c, 20);
         // Ordinary calls hold their τ: the next ordinary one waits, and the
         // background one behind it too.
-        let later = now + 1000 * MS;
+        let later = now + 30 * MS;
         s.enqueue(21, later);
         assert_eq!(s.tau(later), 1);
         assert_eq!(s.next_dispatch(later, 0), None);
