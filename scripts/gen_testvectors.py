@@ -19,6 +19,7 @@ MESSAGE_LEN, HEADER_LEN, INLINE_MAX = 1024, 64, 960
 KINDS = {"LauncherHello": 1, "WorkerHello": 2, "CreateWorker": 3, "StopWorker": 4,
          "Dispatch": 5, "Completion": 6, "Failure": 7, "Invoke": 8}
 SHM = 1
+CPU = 2  # CPU_TIME
 
 # docs/protocol.md §1 "Error kinds": (name, HTTP status at the gateway); the
 # code is the position, from 1.
@@ -118,6 +119,14 @@ def cases():
                 name_len=4, call_id=internal, parent_call_id=gw, worker_id=7)
     yield valid("max field values", "Dispatch", call_id=(1 << 64) - 1, parent_call_id=(1 << 64) - 1,
                 worker_id=(1 << 31) - 1, deadline_us=(1 << 64) - 1, send_ts_ns=(1 << 64) - 1)
+    # The engine asks for a call's CPU time; the reply carries it in aux (µs).
+    yield valid("dispatch asking for cpu time", "Dispatch", flags=CPU, payload=b"in", call_id=gw, worker_id=7)
+    yield valid("dispatch asking for cpu time, input in shm", "Dispatch", flags=CPU | SHM, payload_len=5000,
+                call_id=gw, worker_id=7)
+    yield valid("completion with its cpu time", "Completion", flags=CPU, payload=b"out", call_id=gw, worker_id=7,
+                aux=1234)
+    yield valid("failure with its cpu time, message in shm", "Failure", flags=CPU | SHM, payload_len=5000,
+                call_id=gw, worker_id=7, error_kind=3, aux=0)
     # A traced Dispatch: trace id, span id, flags, then the tracestate.
     ctx = bytes.fromhex("4bf92f3577b34da6a3ce929d0e0e4736" "00f067aa0ba902b7" "01")
     yield valid("dispatch, trace context + input inline", "Dispatch", payload=ctx + b"in", name_len=25,
@@ -135,7 +144,9 @@ def cases():
     yield invalid("kind 0", pack(0))
     yield invalid("kind 9 (unknown)", pack(9))
     yield invalid("kind 0xffff", pack(0xFFFF))
-    yield invalid("unknown flag bit 1", pack(KINDS["Dispatch"], flags=2))
+    yield invalid("unknown flag bit 2", pack(KINDS["Dispatch"], flags=4))
+    yield invalid("cpu time flag on an invoke", pack(KINDS["Invoke"], flags=CPU, payload=b"ab", name_len=2))
+    yield invalid("cpu time flag on a worker hello", pack(KINDS["WorkerHello"], flags=CPU))
     yield invalid("unknown flag bit 15", pack(KINDS["Dispatch"], flags=0x8000))
     yield invalid("reserved byte 52 set", pack(KINDS["Dispatch"], reserved=b"\1" + b"\0" * 11))
     yield invalid("reserved byte 63 set", pack(KINDS["Dispatch"], reserved=b"\0" * 11 + b"\x80"))

@@ -16,7 +16,7 @@ COLUMNS = ("instance,application,phase,warmup,scheduled_s,sent_s,done_s,latency_
 
 
 def test_faasprofiler_listing1_runs_unchanged(tmp_path):
-    with own_server(tmp_path / "srv") as srv:
+    with own_server(tmp_path / "srv", extra=["--cpu-per-call"]) as srv:
         srv.deploy(WORKLOADS / "functions")
         work, home = tmp_path / "fp", tmp_path / "home"
         work.mkdir()
@@ -67,6 +67,17 @@ def test_faasprofiler_listing1_runs_unchanged(tmp_path):
         assert f["voluntary_switches"] + f["involuntary_switches"] > 0, (fn, f)
         a = analysis["server"]["functions"][fn]
         assert a["external_warm"] + a["external_cold"] == n_requests, (fn, a, n_requests)
+    # Per call, as the runtimes measured it (--cpu-per-call): Python's
+    # plain-def function0 and C's function1, warm calls and cold ones apart.
+    pc = server["per_call_cpu"]
+    assert pc["available"], pc
+    for fn in ("function0", "function1"):
+        warm = pc["functions"][fn]["warm"]
+        assert warm["calls"] > 100 and warm["mean_us"] > 0 and warm["p50_us"] <= warm["p99_us"], (fn, pc)
+    assert pc["functions"]["function0"]["warm"]["p50_us"] > 100, pc  # ~1 ms of json.dumps
+    report = subprocess.run([str(BIN), "bench", "analyze", str(run)], env=clean_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert "CPU per call, measured by the runtime" in report.stdout, report.stdout + report.stderr
     hw = server["hardware_counters"]
     perf = subprocess.run(["perf", "stat", "-x", ",", "-e", "cycles,instructions", "true"],
                           capture_output=True, text=True) if shutil.which("perf") else None
@@ -75,7 +86,9 @@ def test_faasprofiler_listing1_runs_unchanged(tmp_path):
     assert "server_cpu_per_call.png" in analysis["files"]
     for png in ("latency_over_time.png", "percentile_spectrum.png", "server_cpu_per_call.png"):
         assert (run / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (run / "invocations.csv").read_text().startswith("call_id,parent_call_id,function")
+    inv = list(csv.DictReader(open(run / "invocations.csv")))
+    assert inv and {"cold", "cpu_us"} <= set(inv[0]), inv[:1]
+    assert all(r["cpu_us"] for r in inv if r["function"] in ("function0", "function1")), inv[:3]
     # perf_monitoring.runtime_script ran beside the config, given the test's
     # duration as $1, as FaaSProfiler gives it.
     log = (work / "monitoring.log").read_text()
@@ -231,3 +244,26 @@ def test_https_endpoints_as_faasprofiler_sends_to_them(tmp_path):
     p = subprocess.run([str(BIN), "bench", "run", str(tmp_path / "w.json"), "--tls-ca", str(tmp_path / "none.pem")],
                        env=clean_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "--tls-ca" in p.stderr and "none.pem" in p.stderr, p.stderr
+
+
+def test_each_calls_cpu_time_is_measured_where_it_can_be(tmp_path):
+    """--cpu-per-call: C and Python plain-def handlers report each call's
+    CPU time (their thread's), which /system/trace shows: a C function that
+    computes ~5 ms shows ~5 ms, one that sleeps 200 ms almost none; without
+    the flag nothing is measured."""
+    from harness import FUNCS, traces
+    for flag in (["--cpu-per-call"], []):
+        with own_server(tmp_path / f"srv{len(flag)}", extra=flag) as srv:
+            srv.deploy(WORKLOADS / "functions")
+            srv.deploy(FUNCS)
+            for _ in range(5):
+                assert srv.invoke("json-dumps", b"{}").status == 200
+                assert srv.invoke("function0", b"x").status == 200
+            assert srv.invoke("slow-c", b"200").status == 200
+            got = {f: [t.get("cpu_us") for t in traces(srv, f)] for f in ("json-dumps", "function0", "slow-c")}
+        if not flag:
+            assert all(v is None for vs in got.values() for v in vs), got
+            continue
+        assert len(got["json-dumps"]) == 5 and all(1_000 <= v <= 200_000 for v in got["json-dumps"]), got
+        assert len(got["function0"]) == 5 and all(50 <= v <= 200_000 for v in got["function0"]), got
+        assert got["slow-c"] and all(v < 20_000 for v in got["slow-c"]), got  # asleep, not on a CPU

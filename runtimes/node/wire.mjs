@@ -50,6 +50,8 @@ export const KINDS = Object.freeze(Object.fromEntries(
 
 // Flags.
 export const PAYLOAD_IN_SHM = 1;
+/** Dispatch: measure the call's CPU time; Completion/Failure: aux holds it (µs). This runtime does not measure. */
+export const CPU_TIME = 2;
 
 /** Highest known error kind code (codes are 1..ERROR_KIND_MAX). */
 export const ERROR_KIND_MAX = 14;
@@ -71,7 +73,10 @@ export function validate(buf, off = 0) {
   const kind = buf.readUInt16LE(off);
   if (kind < LAUNCHER_HELLO || kind > INVOKE) return `unknown message kind ${kind}`;
   const flags = buf.readUInt16LE(off + OFF_FLAGS);
-  if ((flags & ~PAYLOAD_IN_SHM) !== 0) return `unknown flag bits 0x${flags.toString(16).padStart(4, '0')}`;
+  if ((flags & ~(PAYLOAD_IN_SHM | CPU_TIME)) !== 0) return `unknown flag bits 0x${flags.toString(16).padStart(4, '0')}`;
+  if ((flags & CPU_TIME) !== 0 && kind !== DISPATCH && kind !== COMPLETION && kind !== FAILURE) {
+    return `CPU_TIME on ${KIND_NAMES[kind]}`;
+  }
   for (let i = off + OFF_RESERVED, end = off + HEADER_LEN; i < end; i++) {
     if (buf[i] !== 0) return `reserved header byte ${i - off} is not zero`;
   }
@@ -85,7 +90,7 @@ export function validate(buf, off = 0) {
   } else if (nameLen !== 0) {
     return `name_len ${nameLen} on a ${KIND_NAMES[kind]}`;
   }
-  if (flags !== 0) { // PAYLOAD_IN_SHM, the only known flag
+  if ((flags & PAYLOAD_IN_SHM) !== 0) {
     if (kind < DISPATCH) return `PAYLOAD_IN_SHM on ${KIND_NAMES[kind]}`;
     // In shm, only an Invoke's callee name or a Dispatch's trace context
     // stays inline (name_len <= 537 < 960).

@@ -86,7 +86,8 @@ def server_side(run):
         functions[name] = dict(f, external_warm=int((measured & mine & ~cold).sum()),
                                external_cold=int((cold & mine).sum()))
     return {"available": True, "how": srv.get("how"), "functions": functions,
-            "hardware_counters": srv.get("hardware_counters")}
+            "hardware_counters": srv.get("hardware_counters"),
+            "per_call_cpu": srv.get("per_call_cpu") or {"available": False, "why": "not in server.json"}}
 
 
 # --------------------------------------------------------------------------- text
@@ -172,6 +173,19 @@ def report(doc):
             v = [f["calls"], fmt(f["cpu_ms"], 1), fmt(f["cpu_us_per_call"], 1), fmt(f["run_delay_us_per_call"], 1),
                  fmt(f["switches_per_call"], 2), f["external_warm"], f["external_cold"]]
             add(f"  {n:<{nw}}" + "".join(f"{x:>14}" for x in v))
+        pc = srv.get("per_call_cpu") or {}
+        if pc.get("available"):
+            add("  CPU per call, measured by the runtime (the handler's thread), warm vs cold:")
+            add(f"  {'function':<{nw}}" + "".join(f"{c:>14}" for c in
+                                                  ["warm calls", "warm us p50", "warm us mean", "cold calls",
+                                                   "cold us p50", "cold us mean"]))
+            for n, f in pc["functions"].items():
+                wv, cv = f.get("warm") or {}, f.get("cold") or {}
+                v = [wv.get("calls", 0), fmt(wv.get("p50_us"), 1), fmt(wv.get("mean_us"), 1),
+                     cv.get("calls", 0), fmt(cv.get("p50_us"), 1), fmt(cv.get("mean_us"), 1)]
+                add(f"  {n:<{nw}}" + "".join(f"{x:>14}" for x in v))
+        else:
+            add(f"  CPU per call: not measured ({pc.get('why')})")
         hw = srv.get("hardware_counters") or {}
         add("  hardware counters (IPC, cache misses): " + (
             "available" if hw.get("available") else "not available") + (f" ({hw['why']})" if hw.get("why") else ""))

@@ -212,8 +212,14 @@ def server_cpu(name, server, path):
     warm = [f[n]["external_warm"] for n in fns]
     cold = [f[n]["external_cold"] for n in fns]
     y = np.arange(len(fns))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.45 * len(fns)), sharey=True,
-                               gridspec_kw={"width_ratios": [2, 1]})
+    pc = server.get("per_call_cpu") or {}
+    measured = pc.get("functions") if pc.get("available") else None
+    if measured:
+        fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 1.2 + 0.45 * len(fns)), sharey=True,
+                                      gridspec_kw={"width_ratios": [2, 1, 2]})
+    else:
+        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.45 * len(fns)), sharey=True,
+                                   gridspec_kw={"width_ratios": [2, 1]})
     a.barh(y, cpu, color="#2ca02c", label="on a CPU")
     a.barh(y, wait, left=cpu, color="#ff7f0e", alpha=0.7, label="waiting for a CPU")
     a.set_yticks(y, fns)
@@ -228,6 +234,16 @@ def server_cpu(name, server, path):
     b.set_title("warm vs cold", fontsize=10)
     b.legend(fontsize=8)
     b.grid(axis="x", alpha=0.3)
+    if measured:
+        # Each call's handler CPU as its runtime measured it: warm and cold apart.
+        mean = lambda n, k: ((measured.get(n) or {}).get(k) or {}).get("mean_us") or 0.0
+        h = 0.38
+        c.barh(y - h / 2, [mean(n, "warm") for n in fns], height=h, color="#9ecae1", label="warm calls")
+        c.barh(y + h / 2, [mean(n, "cold") for n in fns], height=h, color="#d62728", label="cold calls")
+        c.set_xlabel("CPU µs per call, measured per call (mean)")
+        c.set_title("each call's handler, warm vs cold", fontsize=10)
+        c.legend(fontsize=8)
+        c.grid(axis="x", alpha=0.3)
     hw = server.get("hardware_counters") or {}
     if not hw.get("available"):
         fig.text(0.01, 0.01, "hardware counters (IPC, cache misses): not available" +

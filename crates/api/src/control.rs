@@ -257,6 +257,12 @@ pub struct TraceRecord {
     /// another server; empty: a call that crossed no server.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hop: String,
+    /// It waited for a worker that started after it arrived.
+    #[serde(default)]
+    pub cold: bool,
+    /// Its CPU time in µs, when its runtime measured it (`--cpu-per-call`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_us: Option<u32>,
 }
 
 /// The answer to a request, as it travels: written from references,

@@ -32,6 +32,14 @@ impl Runtime {
     pub fn multiplexed(self) -> bool {
         matches!(self, Runtime::Python | Runtime::Node | Runtime::Go)
     }
+
+    /// Whether its runtime can measure a call's CPU time (the handler's
+    /// thread: a C/C++ worker runs one call at a time; Python's plain def
+    /// handlers run on the loop's thread start to end). Node.js handlers
+    /// and Go goroutines share threads with other calls: not attributable.
+    pub fn measures_cpu(self) -> bool {
+        matches!(self, Runtime::C | Runtime::Cpp | Runtime::Python)
+    }
 }
 
 /// A function as registered with an engine. `source` names its code: the

@@ -70,6 +70,9 @@ pub struct EngineConfig {
     pub otlp_endpoint: Option<String>,
     /// The share of calls without a sampled parent that start a trace.
     pub trace_sample: f64,
+    /// Ask the runtimes that can (C, C++, Python) for each call's CPU time
+    /// (`wire::message::FLAG_CPU_TIME`).
+    pub cpu_per_call: bool,
 }
 
 /// The default `trace_sample` (BENCHMARKS.md, "Tracing cost").
@@ -157,6 +160,7 @@ impl EngineConfig {
             internal_calls_via: None,
             otlp_endpoint: None,
             trace_sample: TRACE_SAMPLE_DEFAULT,
+            cpu_per_call: false,
         }
     }
 

@@ -521,7 +521,10 @@ impl IoThread {
             Outcome::Err(kind, String::from_utf8_lossy(&text).into_owned())
         };
         let now = sys::clock::monotonic_ns();
-        let rec = self.shared.calls.remove(call_id);
+        let mut rec = self.shared.calls.remove(call_id);
+        if let Some(r) = rec.as_mut() {
+            r.cpu_us = h.cpu_us();
+        }
         {
             let mut core = func.lock_core();
             let processing =
@@ -1280,6 +1283,7 @@ fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, 
         depth_above: 0,
         recv_unix_us: sys::clock::unix_us(),
         trace: None,
+        cpu_us: None,
     }
 }
 

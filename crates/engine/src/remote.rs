@@ -192,6 +192,8 @@ pub(crate) fn answer(shared: &Shared, call_id: u64, o: OutCall, outcome: Outcome
         complete_ns: sys::clock::monotonic_ns(),
         outcome: label,
         hop: Hop::Out,
+        cold: false,
+        cpu_us: None,
     });
     let msg = crate::shared::worker_reply(call_id, outcome, None, &o.caller.dir);
     if let Err(e) = sys::channel::write_message(&o.tx, &msg) {

@@ -188,6 +188,8 @@ pub(crate) struct CallRecord {
     pub background: bool,
     /// Its span, when it is traced (`otel`).
     pub trace: Option<crate::otel::SpanCtx>,
+    /// Its CPU time (µs), when its runtime measured it (`--cpu-per-call`).
+    pub cpu_us: Option<u32>,
     /// Came in from another server (`remote`): how many calls are above it
     /// there (at most `--max-call-depth`, 1024). Its `parent_call_id` here
     /// is 0, the root of a chain here.
@@ -207,6 +209,10 @@ pub(crate) struct TraceRecord {
     pub complete_ns: u64,
     pub outcome: &'static str,
     pub hop: Hop,
+    /// It waited for a worker that started after it arrived.
+    pub cold: bool,
+    /// Its CPU time (µs), if measured.
+    pub cpu_us: Option<u32>,
 }
 
 /// The function a traced call ran: here, or on another server.
@@ -516,6 +522,9 @@ impl Shared {
                 rec.worker = Some((worker_id, pid));
                 rec.cold = ready_ns > rec.recv_ns;
                 let mut header = Header::new(Kind::Dispatch);
+                if self.cfg.cpu_per_call && rec.func.spec.runtime.measures_cpu() {
+                    header.flags = wire::message::FLAG_CPU_TIME;
+                }
                 header.call_id = call_id;
                 header.parent_call_id = rec.parent_call_id;
                 header.worker_id = worker_id;
@@ -621,7 +630,7 @@ impl Shared {
                         })
                     }
                     Payload::Bytes(b) => {
-                        header.flags = FLAG_PAYLOAD_IN_SHM;
+                        header.flags |= FLAG_PAYLOAD_IN_SHM;
                         header.payload_len = b.len() as u32;
                         if let Err(e) = sys::payload::write(&func.dir, &shm_file_name(call_id, Kind::Dispatch), &b) {
                             self.dispatch_failed(func, header.worker_id, false);
@@ -636,7 +645,7 @@ impl Shared {
                         None
                     }
                     Payload::Shm(len) => {
-                        header.flags = FLAG_PAYLOAD_IN_SHM;
+                        header.flags |= FLAG_PAYLOAD_IN_SHM;
                         header.payload_len = len as u32;
                         None
                     }
@@ -751,6 +760,8 @@ impl Shared {
             complete_ns: sys::clock::monotonic_ns(),
             outcome,
             hop: if rec.depth_above > 0 { Hop::In } else { Hop::Local },
+            cold: rec.cold,
+            cpu_us: rec.cpu_us,
         };
         if let (Some(tracer), Some(ctx)) = (&self.tracer, rec.trace.as_ref().filter(|c| c.recorded)) {
             let start_unix_ns = rec.recv_unix_us * 1000;
@@ -922,6 +933,8 @@ impl TraceRecord {
                 Hop::Out => "out".into(),
                 Hop::In => "in".into(),
             },
+            cold: self.cold,
+            cpu_us: self.cpu_us,
         }
     }
 }

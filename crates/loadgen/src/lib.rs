@@ -134,8 +134,10 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
     let rows = record::rows(&cfg, &arrivals, &outcomes?);
     record::write_requests(&dir.join("requests.csv"), &cfg, &rows).map_err(io("writing requests.csv"))?;
     let usage_after = server_usage(&base_url, opts.token.as_deref());
-    write_json(&dir.join("server.json"), &server_profile(usage_before, usage_after))?;
     let traces = fetch_traces(&base_url, opts.token.as_deref());
+    let mut profile = server_profile(usage_before, usage_after);
+    profile["per_call_cpu"] = record::per_call_cpu(traces.as_deref().unwrap_or(&[]), &rows);
+    write_json(&dir.join("server.json"), &profile)?;
     if traces.is_none() {
         eprintln!("note: no Staccato trace endpoint at {base_url}/system/trace; invocations.csv has only its header");
     }

@@ -7,7 +7,7 @@ use crate::schedule::{phase_windows, Arrival};
 use crate::sender::Outcome;
 use crate::stats::{group_summary, slo_latency_ms};
 use serde_json::{json, Map, Value};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::Path;
 
@@ -15,7 +15,7 @@ pub const REQUESTS_HEADER: &str = "instance,application,phase,warmup,scheduled_s
 uncorrected_ms,send_lag_ms,status,bytes_out,bytes_in,error,call_id,queue_ms,exec_ms,cold_ms";
 
 pub const INVOCATIONS_HEADER: &str =
-    "call_id,parent_call_id,function,receive_ns,dispatch_ns,complete_ns,queue_ms,exec_ms,outcome";
+    "call_id,parent_call_id,function,receive_ns,dispatch_ns,complete_ns,queue_ms,exec_ms,outcome,cold,cpu_us";
 
 /// One request, as written to requests.csv.
 #[derive(Debug, Clone)]
@@ -133,10 +133,14 @@ pub fn write_requests(path: &Path, cfg: &Config, rows: &[Row]) -> std::io::Resul
 /// Writes the engine traces that belong to this run: whose call id is one
 /// of ours, or whose parent is (transitively), so nested internal calls
 /// link to the requests. Returns the number of rows.
-pub fn write_invocations(path: &Path, traces: &[Value], rows: &[Row]) -> std::io::Result<usize> {
+fn field(t: &Value, k: &str) -> String {
+    t.get(k).map(|v| v.as_str().map_or(v.to_string(), str::to_string)).unwrap_or_default()
+}
+
+/// Which traces belong to this run: its requests' calls and, transitively,
+/// the internal calls they made.
+fn ours(traces: &[Value], rows: &[Row]) -> Vec<bool> {
     let mut ours: HashSet<String> = rows.iter().filter(|r| !r.call_id.is_empty()).map(|r| r.call_id.clone()).collect();
-    let field =
-        |t: &Value, k: &str| t.get(k).map(|v| v.as_str().map_or(v.to_string(), str::to_string)).unwrap_or_default();
     let mut keep = vec![false; traces.len()];
     loop {
         let mut grew = false;
@@ -150,6 +154,42 @@ pub fn write_invocations(path: &Path, traces: &[Value], rows: &[Row]) -> std::io
             break;
         }
     }
+    keep
+}
+
+/// CPU time per call by function, cold against warm, from the run's calls
+/// whose runtime measured it (`staccato up --cpu-per-call`: C, C++ and
+/// Python plain-def handlers, the handler's thread).
+pub fn per_call_cpu(traces: &[Value], rows: &[Row]) -> Value {
+    let keep = ours(traces, rows);
+    let mut by: BTreeMap<String, [Vec<f64>; 2]> = BTreeMap::new();
+    for (t, _) in traces.iter().zip(&keep).filter(|(_, k)| **k) {
+        let Some(us) = t.get("cpu_us").and_then(Value::as_u64) else { continue };
+        let cold = t.get("cold").and_then(Value::as_bool).unwrap_or(false);
+        by.entry(field(t, "function")).or_default()[usize::from(cold)].push(us as f64);
+    }
+    if by.is_empty() {
+        return json!({"available": false, "why": "no call of this run had its CPU time measured: start the engine \
+                      with --cpu-per-call (C, C++ and Python plain-def handlers measure it)"});
+    }
+    let stats = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            return Value::Null;
+        }
+        json!({"calls": v.len(), "mean_us": v.iter().sum::<f64>() / v.len() as f64,
+               "p50_us": crate::stats::percentile(v, 50.0), "p99_us": crate::stats::percentile(v, 99.0)})
+    };
+    let functions: Map<String, Value> = by
+        .into_iter()
+        .map(|(f, [mut warm, mut cold])| (f, json!({"warm": stats(&mut warm), "cold": stats(&mut cold)})))
+        .collect();
+    json!({"available": true, "how": "each call's handler thread, measured by its runtime (--cpu-per-call)",
+           "functions": functions})
+}
+
+pub fn write_invocations(path: &Path, traces: &[Value], rows: &[Row]) -> std::io::Result<usize> {
+    let keep = ours(traces, rows);
     let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(w, "{INVOCATIONS_HEADER}")?;
     let mut n = 0;
@@ -163,7 +203,7 @@ pub fn write_invocations(path: &Path, traces: &[Value], rows: &[Row]) -> std::io
         };
         writeln!(
             w,
-            "{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&field(t, "call_id")),
             csv_field(&field(t, "parent_call_id")),
             csv_field(&field(t, "function")),
@@ -173,6 +213,8 @@ pub fn write_invocations(path: &Path, traces: &[Value], rows: &[Row]) -> std::io
             d_ms(rcv, dsp),
             d_ms(dsp, cpl),
             csv_field(&field(t, "outcome")),
+            t.get("cold").and_then(Value::as_bool).unwrap_or(false),
+            t.get("cpu_us").and_then(Value::as_u64).map_or(String::new(), |v| v.to_string()),
         )?;
         n += 1;
     }

@@ -144,7 +144,7 @@ fn a_run_writes_the_records() {
     assert_eq!(inv[0], record::INVOCATIONS_HEADER);
     assert_eq!(inv.len(), 1 + rows.len() + 1, "ours plus the nested call, not the stranger");
     assert!(inv.iter().any(|l| l.starts_with("ffff000000000001,0000000000000001,g,")));
-    assert!(inv.iter().any(|l| l.ends_with(",0.002,0.003,ok")));
+    assert!(inv.iter().any(|l| l.ends_with(",0.002,0.003,ok,false,")));
 
     let server: Value = serde_json::from_str(&std::fs::read_to_string(out.join("server.json")).unwrap()).unwrap();
     assert_eq!(

@@ -129,6 +129,11 @@ pub struct EngineArgs {
     /// The share of calls without a traceparent that start a trace (0-1).
     #[arg(long, default_value_t = engine::config::TRACE_SAMPLE_DEFAULT, value_parser = share)]
     pub trace_sample: f64,
+    /// Have C, C++ and Python functions measure each call's CPU time (the
+    /// handler's thread; Python: plain def handlers) for `staccato trace`
+    /// and `bench run`'s server profile. Costs two clock reads a call.
+    #[arg(long)]
+    pub cpu_per_call: bool,
     /// Python interpreter for Python functions.
     #[arg(long, default_value = "python3")]
     pub python: String,
@@ -659,6 +664,7 @@ fn start_engine(
         cfg.internal_calls_via = Some(url.clone());
     }
     cfg.trace_sample = e.trace_sample;
+    cfg.cpu_per_call = e.cpu_per_call;
     cfg.otlp_endpoint = e.otlp_endpoint.clone();
     let size = |flag: &str, v: &str| api::units::parse_size(v).map_err(|err| anyhow::anyhow!("{flag} {v:?}: {err}"));
     cfg.log_caps = sandbox::logs::Caps {

@@ -14,7 +14,10 @@ const _: () = assert!(INLINE_LEN_MAX == 960);
 
 /// Flag bit: the payload is in a shared-memory file, not inline.
 pub const FLAG_PAYLOAD_IN_SHM: u16 = 1;
-const FLAGS_KNOWN: u16 = FLAG_PAYLOAD_IN_SHM;
+/// Flag bit: on a `Dispatch`, measure the call's CPU time; on its
+/// `Completion` or `Failure`, `aux` holds it (µs, the handler's thread).
+pub const FLAG_CPU_TIME: u16 = 2;
+const FLAGS_KNOWN: u16 = FLAG_PAYLOAD_IN_SHM | FLAG_CPU_TIME;
 
 /// An `Invoke` carries the callee name inline; names are at most this long.
 pub const INVOKE_NAME_LEN_MAX: usize = crate::FUNCTION_NAME_LEN_MAX;
@@ -103,6 +106,11 @@ impl Header {
 
     pub fn in_shm(&self) -> bool {
         self.flags & FLAG_PAYLOAD_IN_SHM != 0
+    }
+
+    /// A reply's CPU time of the call, in µs, if the runtime measured it.
+    pub fn cpu_us(&self) -> Option<u32> {
+        (self.flags & FLAG_CPU_TIME != 0 && matches!(self.kind, Kind::Completion | Kind::Failure)).then_some(self.aux)
     }
 
     /// Bytes of the inline area in use.
@@ -209,6 +217,9 @@ fn validate(h: &Header) -> Result<(), MessageError> {
     }
     if h.in_shm() && !h.kind.carries_payload() {
         return Err(MessageError::ShmNotAllowed(h.kind));
+    }
+    if h.flags & FLAG_CPU_TIME != 0 && !matches!(h.kind, Kind::Dispatch | Kind::Completion | Kind::Failure) {
+        return Err(MessageError::Flags(FLAG_CPU_TIME));
     }
     if !h.in_shm() && h.payload_len as usize > INLINE_LEN_MAX {
         return Err(MessageError::InlineTooLong(h.payload_len));

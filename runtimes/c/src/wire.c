@@ -77,7 +77,9 @@ stc_wire_status stc_validate(const stc_header *h)
 {
     if (h->kind < STC_LAUNCHER_HELLO || h->kind > STC_INVOKE)
         return STC_WIRE_ERR_KIND;
-    if (h->flags & ~STC_FLAG_SHM)
+    if (h->flags & ~(STC_FLAG_SHM | STC_FLAG_CPU))
+        return STC_WIRE_ERR_FLAGS;
+    if ((h->flags & STC_FLAG_CPU) && h->kind != STC_DISPATCH && h->kind != STC_COMPLETION && h->kind != STC_FAILURE)
         return STC_WIRE_ERR_FLAGS;
     int in_shm = (h->flags & STC_FLAG_SHM) != 0;
     if (in_shm && !kind_allows_shm(h->kind))

@@ -31,6 +31,7 @@ extern "C" {
 #define STC_TRACE_LEN_MAX (STC_TRACE_CONTEXT_LEN + STC_TRACE_STATE_MAX)
 
 #define STC_FLAG_SHM 0x0001u /* PAYLOAD_IN_SHM */
+#define STC_FLAG_CPU 0x0002u /* CPU_TIME: Dispatch asks for it, Completion/Failure carry it in aux (µs) */
 
 /* Byte offsets of the header fields. */
 #define STC_OFF_KIND 0

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "channel.h"
@@ -63,6 +64,12 @@ static stc_chan chan;
 static uint32_t worker_id;
 static int stop_requested;   /* StopWorker arrived while a call was running (atomic access) */
 static staccato_ctx the_ctx; /* the single context of this worker */
+/* The CPU time of the dispatched call, for its reply (the engine asked). */
+static struct {
+    int set;
+    uint64_t call_id;
+    uint32_t us;
+} reply_cpu;
 
 /* rx_dispatch holds the Dispatch being served (its inline input is handed to
  * the handler and must stay intact); replies to internal calls are read into
@@ -157,6 +164,10 @@ static void send_result(uint64_t call_id, uint16_t error_kind, const void *data,
             return;
         }
         h.flags = STC_FLAG_SHM;
+    }
+    if (reply_cpu.set && reply_cpu.call_id == call_id) {
+        h.flags |= STC_FLAG_CPU;
+        h.aux = reply_cpu.us;
     }
     _Alignas(64) uint8_t msg[STC_MSG_LEN];
     if (send_parts(msg, &h, data, stc_inline_used(&h), NULL) == 0)
@@ -323,10 +334,23 @@ static void serve_dispatch(const stc_header *h)
         input = mapped ? mapped : empty_input;
     }
     ctx_begin(&the_ctx, h);
+    /* The handler's thread's CPU time, when the engine asks for it. */
+    int measure = (h->flags & STC_FLAG_CPU) != 0;
+    struct timespec c0 = {0}, c1 = {0};
+    if (measure)
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
     int rc = cfg->handle(&the_ctx, input, len);
+    if (measure) {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+        int64_t us = ((int64_t)(c1.tv_sec - c0.tv_sec) * 1000000000 + (c1.tv_nsec - c0.tv_nsec)) / 1000;
+        reply_cpu.us = us < 0 ? 0 : us > UINT32_MAX ? UINT32_MAX : (uint32_t)us;
+        reply_cpu.call_id = h->call_id;
+        reply_cpu.set = 1;
+    }
     the_ctx.active = 0;
     stc_shm_unmap(mapped, len);
     finish_dispatch(&the_ctx, rc);
+    reply_cpu.set = 0;
 }
 
 static void ctx_init(staccato_ctx *ctx)

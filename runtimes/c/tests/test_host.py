@@ -36,6 +36,7 @@ assert HEADER.size == HEADER_LEN
 (LAUNCHER_HELLO, WORKER_HELLO, CREATE_WORKER, STOP_WORKER,
  DISPATCH, COMPLETION, FAILURE, INVOKE) = range(1, 9)
 SHM = 1
+CPU = 2  # CPU_TIME
 GW = 1 << 63  # call ids from the gateway have bit 63 set
 FUNCTION = "fn"
 
@@ -389,6 +390,15 @@ def test_the_trace_context_before_the_input(worker):
     res = call(ch, trace[:24] + b"\0" + inp, name_len=25)
     assert res.inline.endswith(b"-00 state= len=16"), res.inline
     assert call(ch, inp).inline == b"id= parent= state= len=16"
+
+
+def test_cpu_time_when_asked(worker):
+    _, ch, _ = worker
+    assert not call(ch, b"!info").flags & CPU
+    res = call(ch, b"!info", flags=CPU)
+    assert res.kind == COMPLETION and res.flags & CPU and res.aux < 1_000_000, res
+    res = call(ch, b"!fail:no", flags=CPU)
+    assert res.kind == FAILURE and res.flags & CPU and res.aux < 1_000_000, res
 
 
 def test_log_line(worker):

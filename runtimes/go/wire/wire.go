@@ -126,6 +126,11 @@ func ParseKind(s string) (Kind, bool) {
 // FlagPayloadInShm (bit 0 of flags): the payload is in a shared-memory file.
 const FlagPayloadInShm uint16 = 1
 
+// FlagCPUTime (bit 1): a Dispatch asks for the call's CPU time, which its
+// Completion or Failure carries in Aux (µs). The Go runtime does not
+// measure it (goroutines share threads), so it never sets it.
+const FlagCPUTime uint16 = 2
+
 // ErrorKind is the error kind code of a Failure.
 type ErrorKind uint16
 
@@ -245,8 +250,11 @@ func check(h *Header) (int, error) {
 	if !h.Kind.Valid() {
 		return 0, invalid("unknown message kind " + strconv.Itoa(int(h.Kind)))
 	}
-	if h.Flags&^FlagPayloadInShm != 0 {
+	if h.Flags&^(FlagPayloadInShm|FlagCPUTime) != 0 {
 		return 0, invalid("unknown flag bits 0x" + strconv.FormatUint(uint64(h.Flags), 16))
+	}
+	if h.Flags&FlagCPUTime != 0 && h.Kind != Dispatch && h.Kind != Completion && h.Kind != Failure {
+		return 0, invalid("CPU_TIME on " + h.Kind.String())
 	}
 	switch {
 	case h.Kind == Invoke:

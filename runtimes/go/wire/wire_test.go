@@ -81,7 +81,8 @@ func TestEncodeRejectsWhatDecodeRejects(t *testing.T) {
 	bad := []wire.Header{
 		{Kind: 0},
 		{Kind: 9},
-		{Kind: wire.Dispatch, Flags: 2},
+		{Kind: wire.Dispatch, Flags: 4},
+		{Kind: wire.Invoke, Flags: wire.FlagCPUTime, NameLen: 1, PayloadLen: 1},
 		{Kind: wire.Dispatch, PayloadLen: 961},
 		{Kind: wire.Invoke, PayloadLen: 3},
 		{Kind: wire.Invoke, NameLen: 65, PayloadLen: 100},

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import time
+from time import thread_time_ns
 
 from . import wire
 from .context import Context
@@ -213,6 +214,7 @@ class WorkerChannel(Channel):
         self._seq = 0
         self._pending = {}      # call_id -> Future of an Invoke in flight
         self._running = {}      # call_id -> Task of a running async handler
+        self._cpu = None        # (call_id, µs): the CPU time for that call's reply
 
     def on_message(self, msg):
         kind = msg.kind
@@ -248,15 +250,22 @@ class WorkerChannel(Channel):
         if runtime.handler_is_async:
             self._spawn(ctx, runtime.handler(ctx, data))
             return
-        # A plain def runs right here, on the loop thread.
+        # A plain def runs right here, on the loop thread: its CPU time is
+        # the thread's while it runs (when the engine asks for it).
+        measure = msg.flags & wire.CPU_TIME
+        c0 = thread_time_ns() if measure else 0
         try:
             result = runtime.handler(ctx, data)
         except (Exception, SystemExit) as e:
+            if measure:
+                self._cpu = (call_id, (thread_time_ns() - c0) // 1000)
             self._handler_failed(ctx, e)
             return
         if hasattr(result, "__await__"):  # e.g. a def returning a coroutine
             self._spawn(ctx, result)
         else:
+            if measure:
+                self._cpu = (call_id, (thread_time_ns() - c0) // 1000)
             self.send_result(ctx, result)
 
     def _spawn(self, ctx, awaitable):
@@ -312,9 +321,10 @@ class WorkerChannel(Channel):
                 return
         call_id = ctx.call_id
         n = len(result)
+        cpu_flag, cpu_us = self._cpu_for(call_id)
         if n <= INLINE_MAX:
-            self.send(pack(COMPLETION, 0, n, call_id, ctx.parent_call_id, self.worker_id,
-                           0, 0, 0, _now_ns(), 0, result))
+            self.send(pack(COMPLETION, cpu_flag, n, call_id, ctx.parent_call_id, self.worker_id,
+                           0, 0, 0, _now_ns(), cpu_us, result))
             return
         limit = self.runtime.payload_max
         if n > limit:
@@ -326,8 +336,16 @@ class WorkerChannel(Channel):
         except OSError as e:
             self.send_failure(call_id, ctx.parent_call_id, _INTERNAL, f"cannot write output: {e}")
             return
-        self.send(pack(COMPLETION, PAYLOAD_IN_SHM, n, call_id, ctx.parent_call_id,
-                       self.worker_id, 0, 0, 0, _now_ns(), 0, b""))
+        self.send(pack(COMPLETION, PAYLOAD_IN_SHM | cpu_flag, n, call_id, ctx.parent_call_id,
+                       self.worker_id, 0, 0, 0, _now_ns(), cpu_us, b""))
+
+    def _cpu_for(self, call_id):
+        """(flag, µs) for the reply to call_id: its CPU time if measured."""
+        cpu = self._cpu
+        if cpu is None or cpu[0] != call_id:
+            return 0, 0
+        self._cpu = None
+        return wire.CPU_TIME, min(cpu[1], 0xFFFFFFFF)
 
     def send_failure(self, call_id, parent_call_id, error_kind, message):
         # Error messages are cut to fit inline (at a UTF-8 character
@@ -335,8 +353,9 @@ class WorkerChannel(Channel):
         data = message.encode("utf-8", "replace")
         if len(data) > INLINE_MAX:
             data = data[:INLINE_MAX - 3].decode("utf-8", "ignore").encode("utf-8") + b"..."
-        self.send(pack(FAILURE, 0, len(data), call_id, parent_call_id, self.worker_id,
-                       0, error_kind, 0, _now_ns(), 0, data))
+        cpu_flag, cpu_us = self._cpu_for(call_id)
+        self.send(pack(FAILURE, cpu_flag, len(data), call_id, parent_call_id, self.worker_id,
+                       0, error_kind, 0, _now_ns(), cpu_us, data))
 
     # -- internal calls (ctx.call) --------------------------------------
 

@@ -44,6 +44,8 @@ KINDS = {name: code for code, name in KIND_NAMES.items()}
 
 # Flags.
 PAYLOAD_IN_SHM = 1
+# Dispatch: measure the call's CPU time; Completion/Failure: aux holds it (µs).
+CPU_TIME = 2
 
 # Highest known error kind code (codes are 1..ERROR_KIND_MAX, see errors.py).
 ERROR_KIND_MAX = 14
@@ -146,8 +148,10 @@ def decode(buf):
      error_kind, deadline_us, send_ts_ns, aux, reserved) = _unpack_from(buf)
     if not 1 <= kind <= INVOKE:
         raise WireError(f"unknown kind {kind}")
-    if flags & ~PAYLOAD_IN_SHM:
+    if flags & ~(PAYLOAD_IN_SHM | CPU_TIME):
         raise WireError(f"unknown flag bits 0x{flags:04x}")
+    if flags & CPU_TIME and kind != DISPATCH and kind != COMPLETION and kind != FAILURE:
+        raise WireError(f"CPU_TIME on {KIND_NAMES[kind]}")
     if reserved != _RESERVED:
         raise WireError("reserved header bytes are not zero")
 
@@ -160,7 +164,7 @@ def decode(buf):
     elif name_len:
         raise WireError(f"name_len {name_len} on a {KIND_NAMES[kind]}")
 
-    if flags:  # PAYLOAD_IN_SHM, the only known flag
+    if flags & PAYLOAD_IN_SHM:
         if kind < DISPATCH:
             raise WireError(f"PAYLOAD_IN_SHM on {KIND_NAMES[kind]}")
         # In shm, only an Invoke's callee name or a Dispatch's trace

@@ -184,15 +184,16 @@ class Engine:
         chan.pid = msg.aux
         return chan
 
-    def dispatch(self, chan, data, call_id, parent=0, deadline_us=0, trace=b""):
-        """``trace``: the call's trace context bytes (its prefix), if any."""
+    def dispatch(self, chan, data, call_id, parent=0, deadline_us=0, trace=b"", flags=0):
+        """``trace``: the call's trace context bytes (its prefix), if any;
+        ``flags``: more flags (CPU_TIME)."""
         n = len(trace)
         if n + len(data) <= wire.INLINE_MAX:
-            chan.send(Message(wire.DISPATCH, 0, n + len(data), call_id, parent, chan.worker_id,
+            chan.send(Message(wire.DISPATCH, flags, n + len(data), call_id, parent, chan.worker_id,
                               name_len=n, deadline_us=deadline_us, inline=trace + data))
         else:
             self.write_shm(call_id, "i", data)
-            chan.send(Message(wire.DISPATCH, wire.PAYLOAD_IN_SHM, len(data), call_id, parent,
+            chan.send(Message(wire.DISPATCH, wire.PAYLOAD_IN_SHM | flags, len(data), call_id, parent,
                               chan.worker_id, name_len=n, deadline_us=deadline_us, inline=trace))
 
     def reply(self, chan, call_id, data=b"", error_kind=0):

@@ -17,7 +17,7 @@ from staccato.wire import Message
 GATEWAY = 1 << 63
 
 HANDLER = textwrap.dedent('''
-    import asyncio, json
+    import asyncio, json, time
     from staccato import CallError
 
     async def handle(ctx, data):
@@ -79,6 +79,11 @@ HANDLER = textwrap.dedent('''
     def sync_handle(ctx, data):
         if data == b"raise":
             raise KeyError("k")
+        if data.startswith(b"spin "):
+            end = time.thread_time() + int(data[5:]) / 1000
+            while time.thread_time() < end:
+                pass
+            return b"spun"
         return data.upper()
 ''')
 
@@ -364,6 +369,12 @@ def test_sync_handler(tmp_path, mode):
         assert eng.call(w, b"abc", gw_id()).inline == b"ABC"
         msg = eng.call(w, b"raise", gw_id())
         assert msg.error_kind == 3 and msg.inline == b"KeyError: 'k'"
+        # Asked for it (CPU_TIME), the reply carries the call's CPU time in aux.
+        assert not eng.call(w, b"spin 20", gw_id()).flags & wire.CPU_TIME
+        msg = eng.call(w, b"spin 20", gw_id(), flags=wire.CPU_TIME)
+        assert msg.inline == b"spun" and msg.flags & wire.CPU_TIME and 15_000 <= msg.aux <= 500_000, msg
+        msg = eng.call(w, b"raise", gw_id(), flags=wire.CPU_TIME)
+        assert msg.kind == wire.FAILURE and msg.flags & wire.CPU_TIME and msg.aux < 500_000, msg
     finally:
         eng.close()
 
