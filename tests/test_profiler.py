@@ -219,6 +219,11 @@ def test_https_endpoints_as_faasprofiler_sends_to_them(tmp_path):
                               "data": {"n": 1}, "distribution": "Uniform", "rate": 20}},
     }
     (tmp_path / "w.json").write_text(json.dumps(config))
+    # A body larger than what TLS buffers before its handshake ends (64 KiB).
+    big = dict(config, instances={"big": {"application": "big", "url": f"https://127.0.0.1:{receiver.server_port}/big",
+                                          "data_file": "big.bin", "distribution": "Uniform", "rate": 5}})
+    (tmp_path / "big.bin").write_bytes(os.urandom(200_000))
+    (tmp_path / "big.json").write_text(json.dumps(big))
 
     def run(name, *extra):
         p = subprocess.run([str(BIN), "bench", "run", str(tmp_path / "w.json"), "--out", str(tmp_path / name),
@@ -239,6 +244,13 @@ def test_https_endpoints_as_faasprofiler_sends_to_them(tmp_path):
         stderr, rows = run("wrong-ca", "--tls-ca", str(other))
         assert len(rows) == 40 and all(r["error"] == "tls" for r in rows), rows[:3]
         assert len(_Recorder.seen) == 80
+        p = subprocess.run([str(BIN), "bench", "run", str(tmp_path / "big.json"), "--out", str(tmp_path / "big"),
+                            "--no-analyze"], env=clean_env(STACCATO_GATEWAY="http://127.0.0.1:1"),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        rows = list(csv.DictReader(open(tmp_path / "big" / "requests.csv")))
+        assert len(rows) == 10 and all(r["status"] == "200" for r in rows), rows[:3]
+        assert len(_Recorder.seen) == 90 and all(len(b) == 200_000 for _, _, b in _Recorder.seen[80:])
     finally:
         receiver.shutdown()
     p = subprocess.run([str(BIN), "bench", "run", str(tmp_path / "w.json"), "--tls-ca", str(tmp_path / "none.pem")],

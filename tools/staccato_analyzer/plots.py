@@ -236,10 +236,18 @@ def server_cpu(name, server, path):
     b.grid(axis="x", alpha=0.3)
     if measured:
         # Each call's handler CPU as its runtime measured it: warm and cold apart.
-        mean = lambda n, k: ((measured.get(n) or {}).get(k) or {}).get("mean_us") or 0.0
-        h = 0.38
-        c.barh(y - h / 2, [mean(n, "warm") for n in fns], height=h, color="#9ecae1", label="warm calls")
-        c.barh(y + h / 2, [mean(n, "cold") for n in fns], height=h, color="#d62728", label="cold calls")
+        # A function not measured (Node.js, Go, async Python) gets no bar
+        # but a label: never a zero.
+        mean = lambda n, k: ((measured.get(n) or {}).get(k) or {}).get("mean_us")
+        h, labeled = 0.38, set()
+        for i, n in enumerate(fns):
+            if n not in measured:
+                c.text(0, i, " not measured", va="center", fontsize=8, color="#555")
+                continue
+            for dy, k, color in ((-h / 2, "warm", "#9ecae1"), (h / 2, "cold", "#d62728")):
+                if mean(n, k) is not None:
+                    c.barh(i + dy, mean(n, k), height=h, color=color, label=None if k in labeled else f"{k} calls")
+                    labeled.add(k)
         c.set_xlabel("CPU µs per call, measured per call (mean)")
         c.set_title("each call's handler, warm vs cold", fontsize=10)
         c.legend(fontsize=8)

@@ -103,9 +103,10 @@ impl ConcurrencyHint {
     /// run (0: none, or no call is waiting), stands in for t when it is
     /// longer: calls that have run longer than expected with others
     /// queued behind them grow τ at once. It is what the running calls
-    /// show, not a guess, so a function that is merely busy (its calls as
-    /// long as ever) keeps τ = λ·t, Nightcore's guard against
-    /// over-provisioning.
+    /// show, not a guess, so a function that is merely busy with calls of
+    /// one length keeps τ = λ·t, Nightcore's guard against
+    /// over-provisioning (ARCHITECTURE.md says what spread-out lengths and
+    /// slow callees do to it).
     pub fn tau(&self, now_ns: u64, busy: bool, min_workers: u32, max_workers: u32, running_for_s: f64) -> u32 {
         let lo = min_workers.max(1);
         let hi = max_workers.max(lo);

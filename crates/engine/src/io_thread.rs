@@ -523,7 +523,11 @@ impl IoThread {
         let now = sys::clock::monotonic_ns();
         let mut rec = self.shared.calls.remove(call_id);
         if let Some(r) = rec.as_mut() {
-            r.cpu_us = h.cpu_us();
+            // Only an answer to the question asked, and never more than the
+            // call has run: a function's word.
+            let asked = self.shared.cfg.cpu_per_call && func.spec.runtime.measures_cpu();
+            let ran_us = now.saturating_sub(r.dispatch_ns) / 1000;
+            r.cpu_us = h.cpu_us().filter(|_| asked).map(|us| us.min(u32::try_from(ran_us).unwrap_or(u32::MAX)));
         }
         {
             let mut core = func.lock_core();

@@ -125,14 +125,15 @@ impl Scheduler {
             return self.max_workers.max(1);
         }
         let busy = self.queued() > 0 || self.running > 0;
-        // With calls waiting: how long the oldest running call has run.
-        let running_for_s = if self.queue.is_empty() || self.running == 0 {
+        // With calls waiting: how long the oldest running ordinary call has
+        // run (background calls run beside τ, not within it).
+        let running_for_s = if self.queue.is_empty() || self.foreground_running() == 0 {
             0.0
         } else {
             let oldest = self
                 .workers
                 .values()
-                .filter(|w| matches!(w.state, WorkerState::Busy(_)))
+                .filter(|w| matches!(w.state, WorkerState::Busy(c) if !self.background_running.contains(&c)))
                 .map(|w| w.busy_since_ns)
                 .min()
                 .unwrap_or(now_ns);

@@ -121,10 +121,7 @@ impl EngineLink {
         trace: Option<&[u8]>,
     ) -> Reply {
         let flags = if key_checked { wire::frame::CALL_KEY_CHECKED } else { 0 };
-        self.exchange(call_id, timeout_ms, || {
-            wire::frame::traced_call_frame(call_id, timeout_ms, name, input, flags, trace)
-        })
-        .await
+        self.call_flagged(call_id, timeout_ms, name, input, flags, trace).await
     }
 
     /// [`EngineLink::call`] with the Call frame's flags (`wire::frame::CALL_*`).

@@ -84,6 +84,9 @@ pub fn run(config_path: &Path, opts: &RunOptions) -> Result<RunResult, Error> {
     let dir = opts.out_dir.clone().unwrap_or_else(|| {
         PathBuf::from("bench-results").join(format!("{}-{}", cfg.dir_name(), timestamp(started_unix_s as u64)))
     });
+    if opts.tls_ca.is_some() && !templates.iter().any(|t| t.target.1.is_some()) {
+        eprintln!("warning: --tls-ca is not used: no instance sends to an https:// URL");
+    }
     let tls = if templates.iter().any(|t| t.target.1.is_some()) {
         if opts.tls_ca.is_none() {
             eprintln!(
@@ -269,6 +272,10 @@ pub fn fetch_traces(base_url: &str, token: Option<&str>) -> Option<Vec<Value>> {
 /// None when there is no such gateway (or it said no).
 fn get_json(base_url: &str, path: &str, token: Option<&str>) -> Option<Value> {
     let url = http::parse_url(base_url).ok()?;
+    // Plain HTTP only: never send the token unencrypted to a TLS port.
+    if url.tls.is_some() {
+        return None;
+    }
     let mut s = std::net::TcpStream::connect_timeout(&url.addr, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();

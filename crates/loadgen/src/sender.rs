@@ -284,15 +284,19 @@ impl Sender<'_> {
                 _ => &[],
             };
             loop {
+                let before = c.written;
                 while c.written < bytes.len() {
                     match tls.writer().write(&bytes[c.written..]) {
-                        Ok(0) => break, // its buffer is full until records go out
+                        // Its buffer is full until records go out, or (during
+                        // the handshake) until the handshake is done: then
+                        // read_some's records bring us back here.
+                        Ok(0) => break,
                         Ok(n) => c.written += n,
                         Err(_) => return self.drop_conn(slot, "tls"),
                     }
                 }
                 match flush_tls(tls, &mut c.stream) {
-                    Ok(true) if c.written < bytes.len() => continue,
+                    Ok(true) if c.written < bytes.len() && c.written > before => continue,
                     Ok(_) => return,
                     Err(_) => return self.drop_conn(slot, "reset"),
                 }

@@ -321,8 +321,8 @@ class WorkerChannel(Channel):
                 return
         call_id = ctx.call_id
         n = len(result)
-        cpu_flag, cpu_us = self._cpu_for(call_id)
         if n <= INLINE_MAX:
+            cpu_flag, cpu_us = self._cpu_for(call_id)
             self.send(pack(COMPLETION, cpu_flag, n, call_id, ctx.parent_call_id, self.worker_id,
                            0, 0, 0, _now_ns(), cpu_us, result))
             return
@@ -336,6 +336,7 @@ class WorkerChannel(Channel):
         except OSError as e:
             self.send_failure(call_id, ctx.parent_call_id, _INTERNAL, f"cannot write output: {e}")
             return
+        cpu_flag, cpu_us = self._cpu_for(call_id)
         self.send(pack(COMPLETION, PAYLOAD_IN_SHM | cpu_flag, n, call_id, ctx.parent_call_id,
                        self.worker_id, 0, 0, 0, _now_ns(), cpu_us, b""))
 
