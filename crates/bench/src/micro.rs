@@ -212,6 +212,19 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
     let Some((lang, label)) = deployed.iter().find(|(l, _)| *l == "c").or(deployed.first()).copied() else {
         bail!("no language's bench functions could be deployed: nothing to measure");
     };
+    if !a.no_floors {
+        // The floor, measured right before Staccato's figure, with the same
+        // client: what a plain server on these vCPUs answers.
+        eprintln!(
+            "  plain hyper nop server, {} connections, {:.0} s (floor for throughput)",
+            a.connections, a.duration_s
+        );
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        hyper_nop_server(l)?;
+        let floor = throughput(addr, "nop", a.connections, Duration::from_secs_f64(a.duration_s))?.per_s;
+        rows.push(Row::rate(&format!("plain hyper nop throughput, {} conns", a.connections), mode, floor));
+    }
     eprintln!("  external throughput ({label} nop), {} connections, {:.0} s", a.connections, a.duration_s);
     let nop = format!("bench-nop-{lang}");
     let rate = throughput(server.addr, &nop, a.connections, Duration::from_secs_f64(a.duration_s))?.per_s;
@@ -421,6 +434,39 @@ pub(crate) fn plain_http_server(l: TcpListener) {
             }
         }
     });
+}
+
+/// A nop HTTP/1.1 server on hyper, the floor for the throughput run: a
+/// thread per usable vCPU, each with a single-threaded tokio runtime,
+/// accepting from the same listener and answering every request `200` with
+/// an empty body on kept-alive connections. It runs until the process
+/// exits.
+pub(crate) fn hyper_nop_server(l: TcpListener) -> Result<()> {
+    l.set_nonblocking(true)?;
+    for _ in 0..sys::cpu::cpus_allowed().len().max(1) {
+        let l = l.try_clone()?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        std::thread::spawn(move || {
+            rt.block_on(async move {
+                let Ok(l) = tokio::net::TcpListener::from_std(l) else { return };
+                loop {
+                    let Ok((s, _)) = l.accept().await else { continue };
+                    let _ = s.set_nodelay(true);
+                    tokio::spawn(async move {
+                        let svc = hyper::service::service_fn(|_req| async {
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                http_body_util::Empty::<bytes::Bytes>::new(),
+                            ))
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                            .await;
+                    });
+                }
+            })
+        });
+    }
+    Ok(())
 }
 
 /// `n` timed round trips to a [`plain_http_server`] (after n/10 untimed).

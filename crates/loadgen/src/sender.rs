@@ -4,10 +4,11 @@
 //! when every connection is busy and the pool is at its cap, the due
 //! requests wait and their send lag shows it.
 //!
-//! Timing: epoll sleeps in whole milliseconds, so the loop sleeps in poll
-//! until ~1 ms before the next send and spins (zero-timeout polls) for the
-//! rest. With nothing in flight there is no response to notice late, so it
-//! sleeps with nanosleep to ~60 µs before the send instead of spinning.
+//! Timing: epoll sleeps in whole milliseconds, so the loop waits on a
+//! timerfd set to [`SPIN_NS`] before the next send and spins (zero-timeout
+//! polls) only for that last stretch. (It used to spin for the last
+//! millisecond: at 2,000 calls/s that kept a vCPU busy, and on a small
+//! machine the server under test waited behind it for time slices.)
 //!
 //! An `https://` target's connections run TLS (rustls) over the same
 //! non-blocking sockets: a request's bytes go into the session, which the
@@ -24,6 +25,14 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use sys::clock::Timer;
+
+/// How long before a send the loop stops sleeping and spins: more than this
+/// machine kind takes to wake a sleeping thread on time (a timer interrupt
+/// on a halted vCPU), so sends leave on time.
+const SPIN_NS: u64 = 60_000;
+/// The poll token of the send timer (connections use their slot number).
+const TIMER: Token = Token(usize::MAX);
 
 /// Where a request goes: an address, and the server name to run TLS with
 /// (`https://`), if any.
@@ -101,6 +110,11 @@ struct Sender<'a> {
     completed: usize,
     errors: usize,
     second_latencies_ns: Vec<u64>,
+    timer: Timer,
+    /// `start` on the timer's clock, in ns.
+    start_mono_ns: u64,
+    /// When the timer is set to fire (on its clock), 0 when not armed.
+    armed_ns: u64,
 }
 
 /// Runs the plan; `start` is the test's time zero. Returns one outcome per arrival.
@@ -117,11 +131,19 @@ pub fn run(plan: &Plan, opts: &Options, start: Instant) -> std::io::Result<Vec<O
             }
         })
         .collect();
+    let poll = Poll::new()?;
+    let timer = Timer::new()?;
+    poll.registry().register(
+        &mut mio::unix::SourceFd(&std::os::fd::AsRawFd::as_raw_fd(&timer)),
+        TIMER,
+        Interest::READABLE,
+    )?;
+    let start_mono_ns = sys::clock::monotonic_ns().saturating_sub(start.elapsed().as_nanos() as u64);
     let mut s = Sender {
         plan,
         opts,
         start,
-        poll: Poll::new()?,
+        poll,
         conns: Vec::new(),
         free_slots: Vec::new(),
         idle: vec![Vec::new(); targets.len()],
@@ -135,6 +157,9 @@ pub fn run(plan: &Plan, opts: &Options, start: Instant) -> std::io::Result<Vec<O
         completed: 0,
         errors: 0,
         second_latencies_ns: Vec::new(),
+        timer,
+        start_mono_ns,
+        armed_ns: 0,
     };
     s.run_loop()?;
     Ok(s.out)
@@ -170,18 +195,24 @@ impl Sender<'_> {
                 wake_ns = wake_ns.min(self.plan.arrivals[self.next].at_ns);
             }
             let wait_ns = wake_ns.saturating_sub(now);
-            let timeout = if wait_ns >= 1_100_000 {
-                // Poll rounds up to whole ms; leave ~1 ms to spin off.
-                Duration::from_millis((wait_ns - 1_000_000) / 1_000_000)
-            } else {
-                if self.in_flight == 0 && wait_ns > 100_000 {
-                    std::thread::sleep(Duration::from_nanos(wait_ns - 60_000));
+            let timeout = if wait_ns > SPIN_NS {
+                let at = self.start_mono_ns + wake_ns - SPIN_NS;
+                if at != self.armed_ns {
+                    self.timer.arm_at(at)?;
+                    self.armed_ns = at;
                 }
-                Duration::ZERO
+                None
+            } else {
+                Some(Duration::ZERO)
             };
-            self.poll.poll(&mut events, Some(timeout))?;
+            self.poll.poll(&mut events, timeout)?;
             for ev in events.iter() {
-                self.on_event(ev.token().0);
+                if ev.token() == TIMER {
+                    self.timer.clear();
+                    self.armed_ns = 0;
+                } else {
+                    self.on_event(ev.token().0);
+                }
             }
         }
         if self.opts.progress {
