@@ -76,6 +76,9 @@ pub struct Scheduler {
     ready_us: VecDeque<u64>,
     /// τ is max_workers, not λ·t (`with_fixed_concurrency`).
     fixed: bool,
+    /// An I/O thread that dispatched to another thread's worker because it
+    /// has none of its own (`take_local_wanted`).
+    local_wanted: Option<usize>,
 }
 
 /// What a worker's channel closing meant.
@@ -110,6 +113,7 @@ impl Scheduler {
             running_max: 0,
             ready_us: VecDeque::new(),
             fixed: false,
+            local_wanted: None,
         }
     }
 
@@ -225,11 +229,16 @@ impl Scheduler {
         } else {
             return None;
         };
-        let pos = self
-            .idle
-            .iter()
-            .rposition(|w| self.workers.get(w).is_some_and(|x| x.owner == prefer_owner))
-            .unwrap_or(self.idle.len() - 1);
+        let local = self.idle.iter().rposition(|w| self.workers.get(w).is_some_and(|x| x.owner == prefer_owner));
+        let pos = match local {
+            Some(pos) => pos,
+            None => {
+                if !self.has_worker_of(prefer_owner) {
+                    self.local_wanted = Some(prefer_owner);
+                }
+                self.idle.len() - 1
+            }
+        };
         let worker = self.idle.remove(pos);
         let call = match from {
             From::Nested => self.nested.pop_front()?,
@@ -247,6 +256,25 @@ impl Scheduler {
         self.running_max = self.running_max.max(self.running);
         self.check();
         Some((call, worker))
+    }
+
+    /// A worker read by I/O thread `owner`, starting, idle or busy.
+    fn has_worker_of(&self, owner: usize) -> bool {
+        self.workers.values().any(|w| w.owner == owner && w.state != WorkerState::Stopping)
+    }
+
+    /// The I/O thread that last had to dispatch to another thread's worker
+    /// because it has none (cleared by the call), if the pool has room for
+    /// one more worker and that thread still has none: a worker to start for
+    /// it, so that its calls stay on its vCPU (the one already awake) rather
+    /// than waking another. At most one worker per I/O thread comes of it;
+    /// τ still bounds how many run at once, and idle ones beyond 2τ go as
+    /// any surplus does.
+    /// `starting` counts workers about to start that are not known yet.
+    pub fn take_local_wanted(&mut self, starting: u32) -> Option<usize> {
+        let owner = self.local_wanted.take()?;
+        let pool = self.workers.values().filter(|w| w.state != WorkerState::Stopping).count() as u32;
+        (pool + starting < self.max_workers && !self.has_worker_of(owner)).then_some(owner)
     }
 
     /// Undoes `next_dispatch` when the call turned out to be gone (it timed
@@ -542,6 +570,30 @@ mod tests {
         s.worker_ready(2, 0);
         s.enqueue(9, 0);
         assert_eq!(s.next_dispatch(0, 0), Some((9, 1)));
+        assert_eq!(s.take_local_wanted(0), None, "thread 0 had a worker of its own");
+    }
+
+    #[test]
+    fn a_thread_without_a_worker_asks_for_one_once() {
+        let mut s = Scheduler::new(1, 2, 1e-3);
+        s.worker_starting(1, 0, 0);
+        s.worker_ready(1, 0);
+        // A call on thread 1 goes to thread 0's worker rather than wait ...
+        s.enqueue(9, 0);
+        assert_eq!(s.next_dispatch(0, 1), Some((9, 1)));
+        // ... and thread 1 gets a worker of its own, once.
+        assert_eq!(s.take_local_wanted(0), Some(1));
+        assert_eq!(s.take_local_wanted(0), None);
+        s.worker_starting(2, 1, 0);
+        s.worker_ready(2, 0);
+        assert!(s.complete(1, 9, 10, 10));
+        s.enqueue(10, 20);
+        assert_eq!(s.next_dispatch(20, 1), Some((10, 2)), "thread 1's own worker");
+        assert!(s.complete(2, 10, 30, 10));
+        // Thread 2 finds the pool at max_workers: no third worker.
+        s.enqueue(11, 40);
+        assert!(s.next_dispatch(40, 2).is_some());
+        assert_eq!(s.take_local_wanted(0), None, "max_workers is the limit");
     }
 
     #[test]

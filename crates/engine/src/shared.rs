@@ -550,18 +550,31 @@ impl Shared {
         match core.launcher.state {
             LauncherState::Ready => {
                 let Some(ltx) = core.launcher.tx.clone() else { return };
-                for _ in 0..core.sched.workers_to_create(now) {
+                let multiplexed = func.spec.runtime.multiplexed();
+                let mut owners: Vec<usize> = (0..core.sched.workers_to_create(now))
+                    .map(|_| {
+                        if multiplexed {
+                            // One process serves every channel: read them all on
+                            // one thread, on the vCPU the process is pinned to.
+                            core.launcher.owner
+                        } else {
+                            // Workers of their own process spread over the I/O
+                            // threads (and so the vCPUs); each is pinned where
+                            // its channel is read.
+                            self.next_owner.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len()
+                        }
+                    })
+                    .collect();
+                // A thread that has calls and no worker of its own gets one
+                // (`Scheduler::take_local_wanted`); not for a multiplexed
+                // runtime, whose channels are all read on one thread.
+                if let Some(owner) = core.sched.take_local_wanted(owners.len() as u32) {
+                    if !multiplexed && self.cpu_of(owner).is_some() && !owners.contains(&owner) {
+                        owners.push(owner);
+                    }
+                }
+                for owner in owners {
                     let worker_id = self.next_worker_id.fetch_add(1, Ordering::Relaxed);
-                    let owner = if func.spec.runtime.multiplexed() {
-                        // One process serves every channel: read them all on
-                        // one thread, on the vCPU the process is pinned to.
-                        core.launcher.owner
-                    } else {
-                        // Workers of their own process spread over the I/O
-                        // threads (and so the vCPUs); each is pinned where
-                        // its channel is read.
-                        self.next_owner.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len()
-                    };
                     let made = sys::channel::EngineChannel::create(&func.dir, worker_id).and_then(|ch| {
                         if let Some(c) = &core.launcher.container {
                             give_channel(&func.dir, worker_id, c.uid)?;
