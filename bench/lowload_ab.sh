@@ -10,8 +10,9 @@
 #   bench/lowload_ab.sh OLD_BINARY NEW_BINARY [ROUNDS]
 #
 # Prints one line per round, build and client placement: p50/p90/p99/p99.9
-# µs of the build, then of the plain server. BENCHMARKS.md ("A worker on
-# the client's vCPU") quotes it.
+# µs of the build, then of the plain server, and which vCPU the nop's
+# worker is pinned to. BENCHMARKS.md ("A worker on the client's vCPU")
+# quotes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=$1
@@ -21,7 +22,7 @@ work=$(mktemp -d /tmp/staccato-lowload-ab.XXXXXX)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   rm -rf "$work" /dev/shm/staccato-lowload-ab-*
 }
 trap cleanup EXIT
@@ -39,10 +40,12 @@ for r in $(seq "$rounds"); do
     "$bin" up --listen "127.0.0.1:$p" --state-dir "$work/$v-$r" --ipc-dir "/dev/shm/staccato-lowload-ab-$p" \
       >"$work/$v-$r.log" 2>&1 &
     up=$!
+    pids+=("$up")
     for _ in $(seq 100); do
       curl -sf "http://127.0.0.1:$p/healthz" >/dev/null && break
       sleep 0.1
     done
+    curl -sf "http://127.0.0.1:$p/healthz" >/dev/null || { echo "staccato up ($bin) did not start: $work/$v-$r.log" >&2; exit 1; }
     STACCATO_GATEWAY="http://127.0.0.1:$p" STACCATO_TOKEN=$(cat "$work/$v-$r/token") \
       "$bin" deploy bench/functions/c >/dev/null
     for c in 0 1 any; do
@@ -52,7 +55,10 @@ for r in $(seq "$rounds"); do
         awk '{printf "%s/%s/%s/%s  ", $3, $5, $7, $9}')
       echo "round $r $v client on CPU $c: staccato, plain: $out"
     done
+    # Where the C host processes (launcher and workers) ran last: count, vCPU.
+    echo "round $r $v C host processes by vCPU: $(ps -eo psr,comm | awk '$2 == "staccato-c-host" {print $1}' | sort | uniq -c | tr '\n' ' ')"
     kill "$up"
     wait "$up" 2>/dev/null || true
+    unset 'pids[${#pids[@]}-1]'
   done
 done

@@ -53,9 +53,10 @@ def run(cmd, env):
 def one_run(binary, up_args, workload, out):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
-    with tempfile.TemporaryDirectory() as state:
+    out.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as state, open(out / "up.log", "w") as log:
         up = subprocess.Popen([binary, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", state, *up_args],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+                              stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             for _ in range(300):
                 if (Path(state) / "token").exists():
@@ -71,12 +72,18 @@ def one_run(binary, up_args, workload, out):
                         break
                 except OSError:
                     time.sleep(0.1)
+            else:
+                sys.exit(f"staccato up did not listen on {port} in 30 s: {out / 'up.log'}")
             for d in FUNCTION_SETS:
                 run([binary, "deploy", str(d)], env)
             run([binary, "bench", "run", str(workload), "--out", str(out), "--no-analyze"], env)
         finally:
             up.terminate()
-            up.wait(timeout=30)
+            try:
+                up.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()
     lat, failed = {}, 0
     with open(out / "requests.csv") as f:
         for r in csv.DictReader(f):

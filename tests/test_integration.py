@@ -156,16 +156,16 @@ def test_tau_bounds_running_invocations(server):
     with ThreadPoolExecutor(2) as ex:
         fa = ex.submit(server.invoke, fn, b"500")
         time.sleep(0.1)
+        pre = server.sched(fn)
         fb = ex.submit(server.invoke, fn, b"200")
         time.sleep(0.2)
         mid = server.sched(fn)
         ra, rb = fa.result(15), fb.result(15)
     a, b = json.loads(ok_body(ra)), json.loads(ok_body(rb))
     assert mid["tau"] == 1 and mid["running"] == 1 and mid["queued"] == 1, mid
-    # The pool was not grown for B: a worker more at most, idle, for an I/O
-    # thread that had calls and no worker of its own (ARCHITECTURE.md,
-    # "Placement and spinning"); τ keeps B from running on it.
-    assert mid["starting"] == 0 and mid["pool"] <= min(2, len(os.sched_getaffinity(0))), mid
+    # The pool was not grown for B (A may have had a worker started for its
+    # I/O thread: ARCHITECTURE.md, "Placement and spinning").
+    assert mid["pool"] + mid["starting"] == pre["pool"] + pre["starting"], (pre, mid)
     assert b["start_us"] >= a["end_us"], (a, b)
     assert timing(rb)["queue_us"] >= 250_000, rb.headers  # ≈ 400 ms expected
     assert timing(ra)["queue_us"] < 100_000, ra.headers

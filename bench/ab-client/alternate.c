@@ -28,6 +28,13 @@ static double now_us(void) {
     return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
+/* Nearest rank (as `staccato bench run` reports): the smallest value with
+ * at least per_mille/1000 of the sorted samples at or below it. */
+static double rank(const double *sorted, int n, int per_mille) {
+    long r = ((long)n * per_mille + 999) / 1000; /* ceil */
+    return sorted[r < 1 ? 0 : r - 1];
+}
+
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -88,8 +95,8 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < ns; i++) {
         qsort(lat[i], calls, sizeof(double), cmp);
-        printf("%-28s p50 %7.1f  p90 %7.1f  p99 %7.1f  p99.9 %7.1f  n %d\n", argv[i + 2], lat[i][calls / 2],
-               lat[i][calls * 90 / 100], lat[i][calls * 99 / 100], lat[i][calls * 999 / 1000], calls);
+        printf("%-28s p50 %7.1f  p90 %7.1f  p99 %7.1f  p99.9 %7.1f  n %d\n", argv[i + 2], rank(lat[i], calls, 500),
+               rank(lat[i], calls, 900), rank(lat[i], calls, 990), rank(lat[i], calls, 999), calls);
     }
     return 0;
 }

@@ -83,7 +83,7 @@ fn expire(shared: &Shared) {
 fn housekeeping(shared: &Shared) {
     for f in shared.functions() {
         break_deadlock(shared, &f);
-        for r in shared.pump_with(&f, 0, true) {
+        for r in shared.pump_with(&f, crate::scheduler::NO_THREAD, true) {
             shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
         }
         if let Some(cc) = &shared.cfg.containers {

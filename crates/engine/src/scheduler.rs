@@ -13,6 +13,10 @@
 //!   by stopping workers that have been idle for a while, least recently
 //!   used first. τ moves at microsecond scale; without the idle time the
 //!   pool would churn (fork, exit, fork) as τ steps between 1 and 2.
+//! * an I/O thread that dispatches a call at once to another thread's
+//!   worker because it has none of its own gets one, within what the
+//!   shrinking keeps (`take_local_wanted`): calls then stay on the vCPU
+//!   that received them.
 //! * a *nested* call — one whose callers already hold workers of this
 //!   function (recursion, or a cycle A → B → A) — cannot wait for τ: the
 //!   workers it waits for are its own ancestors', and they wait for it. It
@@ -80,6 +84,11 @@ pub struct Scheduler {
     /// has none of its own (`take_local_wanted`).
     local_wanted: Option<usize>,
 }
+
+/// `next_dispatch`'s `prefer_owner` for dispatches that no I/O thread asked
+/// for (housekeeping, the supervisor): no preference, and no thread to
+/// start a worker for (`take_local_wanted`).
+pub const NO_THREAD: usize = usize::MAX;
 
 /// What a worker's channel closing meant.
 #[derive(Debug, PartialEq, Eq)]
@@ -233,7 +242,7 @@ impl Scheduler {
         let pos = match local {
             Some(pos) => pos,
             None => {
-                if !self.has_worker_of(prefer_owner) {
+                if prefer_owner != NO_THREAD && !self.has_worker_of(prefer_owner) {
                     self.local_wanted = Some(prefer_owner);
                 }
                 self.idle.len() - 1
@@ -263,18 +272,20 @@ impl Scheduler {
         self.workers.values().any(|w| w.owner == owner && w.state != WorkerState::Stopping)
     }
 
-    /// The I/O thread that last had to dispatch to another thread's worker
-    /// because it has none (cleared by the call), if the pool has room for
-    /// one more worker and that thread still has none: a worker to start for
-    /// it, so that its calls stay on its vCPU (the one already awake) rather
-    /// than waking another. At most one worker per I/O thread comes of it;
-    /// τ still bounds how many run at once, and idle ones beyond 2τ go as
-    /// any surplus does.
-    /// `starting` counts workers about to start that are not known yet.
-    pub fn take_local_wanted(&mut self, starting: u32) -> Option<usize> {
+    /// The I/O thread that last had to dispatch a call at once to another
+    /// thread's idle worker because it has none (cleared by the call), if
+    /// that thread still has none and the pool has room: a worker to start
+    /// for it, so that its calls stay on its vCPU (the one already awake)
+    /// rather than waking another. Room is below `max_workers` and below
+    /// what `surplus` keeps, max(2τ, min_workers), so the extra worker is
+    /// never one that housekeeping stops and the next call starts again.
+    /// τ still bounds how many run at once. `starting` counts workers about
+    /// to start that are not known here yet.
+    pub fn take_local_wanted(&mut self, now_ns: u64, starting: u32) -> Option<usize> {
         let owner = self.local_wanted.take()?;
         let pool = self.workers.values().filter(|w| w.state != WorkerState::Stopping).count() as u32;
-        (pool + starting < self.max_workers && !self.has_worker_of(owner)).then_some(owner)
+        let keep = (2 * self.tau(now_ns)).max(self.min_workers).min(self.max_workers);
+        (pool + starting < keep && !self.has_worker_of(owner)).then_some(owner)
     }
 
     /// Undoes `next_dispatch` when the call turned out to be gone (it timed
@@ -570,7 +581,7 @@ mod tests {
         s.worker_ready(2, 0);
         s.enqueue(9, 0);
         assert_eq!(s.next_dispatch(0, 0), Some((9, 1)));
-        assert_eq!(s.take_local_wanted(0), None, "thread 0 had a worker of its own");
+        assert_eq!(s.take_local_wanted(0, 0), None, "thread 0 had a worker of its own");
     }
 
     #[test]
@@ -582,8 +593,8 @@ mod tests {
         s.enqueue(9, 0);
         assert_eq!(s.next_dispatch(0, 1), Some((9, 1)));
         // ... and thread 1 gets a worker of its own, once.
-        assert_eq!(s.take_local_wanted(0), Some(1));
-        assert_eq!(s.take_local_wanted(0), None);
+        assert_eq!(s.take_local_wanted(0, 0), Some(1));
+        assert_eq!(s.take_local_wanted(0, 0), None);
         s.worker_starting(2, 1, 0);
         s.worker_ready(2, 0);
         assert!(s.complete(1, 9, 10, 10));
@@ -593,7 +604,7 @@ mod tests {
         // Thread 2 finds the pool at max_workers: no third worker.
         s.enqueue(11, 40);
         assert!(s.next_dispatch(40, 2).is_some());
-        assert_eq!(s.take_local_wanted(0), None, "max_workers is the limit");
+        assert_eq!(s.take_local_wanted(0, 0), None, "max_workers is the limit");
     }
 
     #[test]

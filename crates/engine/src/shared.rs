@@ -568,7 +568,7 @@ impl Shared {
                 // A thread that has calls and no worker of its own gets one
                 // (`Scheduler::take_local_wanted`); not for a multiplexed
                 // runtime, whose channels are all read on one thread.
-                if let Some(owner) = core.sched.take_local_wanted(owners.len() as u32) {
+                if let Some(owner) = core.sched.take_local_wanted(now, owners.len() as u32) {
                     if !multiplexed && self.cpu_of(owner).is_some() && !owners.contains(&owner) {
                         owners.push(owner);
                     }

@@ -663,7 +663,7 @@ impl Supervisor {
         for t in 0..self.shared.mailboxes.len() {
             self.shared.post(t, Cmd::DropChannel { func: f.clone(), worker_id: 0 });
         }
-        for r in self.shared.pump(f, 0) {
+        for r in self.shared.pump(f, crate::scheduler::NO_THREAD) {
             self.shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
         }
     }
@@ -710,7 +710,7 @@ fn failed(shared: &Shared, f: &Arc<Function>, why: String) {
         core.launcher.failed_at = Some(Instant::now());
         core.launcher.last_error = why;
     }
-    for r in shared.pump(f, 0) {
+    for r in shared.pump(f, crate::scheduler::NO_THREAD) {
         shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
     }
 }
