@@ -425,6 +425,43 @@ def test_broken_code_rejected_at_deploy(server, tmp_path):
     assert ok_body(server.invoke("echo", b"alive")) == b"alive"
 
 
+# A C function whose workers each take 50 ms to start: the launcher forks
+# a worker, and a fork handler it registered runs in the child before the
+# worker says hello.
+SLOW_FORK_C = """#include <pthread.h>
+#include <staccato.h>
+#include <unistd.h>
+
+static void slow_child(void) { usleep(50000); }
+
+__attribute__((constructor)) static void setup(void) { pthread_atfork(NULL, NULL, slow_child); }
+
+int staccato_handle(staccato_ctx *ctx, const uint8_t *input, size_t input_len) {
+    staccato_set_output(ctx, input, input_len);
+    return 0;
+}
+"""
+
+
+def test_a_deploy_returns_with_its_first_worker_ready(server, tmp_path):
+    """A deploy is installed once its launcher and its first worker said
+    hello, so a redeploy leaves no gap (the old version takes the calls
+    until then) and a deploy that returns serves at once. Installed at the
+    launcher's hello, this slow worker was still starting when the deploy
+    returned."""
+    _write(tmp_path / "src" / "slow_fork.c", SLOW_FORK_C)
+    manifest = _write(tmp_path / "staccato.yml", f"functions:\n  slow-worker:\n    runtime: c\n"
+                                                 f"    source: {tmp_path / 'src'}\n    handler: slow_fork.c\n"
+                                                 "    min_workers: 1\n")
+    for _ in ("deploy", "redeploy"):
+        server.deploy(manifest)
+        s = server.sched("slow-worker")
+        assert s["pool"] >= 1 and s["starting"] == 0, s
+        # The start was as slow as meant (else this proves nothing).
+        assert s["worker_ready_us"] and s["worker_ready_us"][0] >= 50_000, s
+    assert ok_body(server.invoke("slow-worker", b"served")) == b"served"
+
+
 # ---------------------------------------------------------------- 10. restart
 
 

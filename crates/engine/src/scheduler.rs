@@ -459,6 +459,13 @@ impl Scheduler {
         all
     }
 
+    /// Whether a worker is starting and none is ready yet: a new launcher's
+    /// first worker on its way.
+    pub fn first_worker_starting(&self) -> bool {
+        let ready = self.workers.values().any(|w| matches!(w.state, WorkerState::Idle | WorkerState::Busy(_)));
+        !ready && self.workers.values().any(|w| w.state == WorkerState::Starting)
+    }
+
     pub fn worker_ids(&self) -> Vec<u32> {
         self.workers.keys().copied().collect()
     }
@@ -531,6 +538,27 @@ mod tests {
     fn min_workers_started_up_front() {
         let s = Scheduler::new(3, 8, 1e-3);
         assert_eq!(s.workers_to_create(0), 3);
+    }
+
+    #[test]
+    fn first_worker_starting_until_one_is_ready() {
+        let mut s = Scheduler::new(2, 8, 1e-3);
+        assert!(!s.first_worker_starting(), "nothing asked for yet");
+        s.worker_starting(1, 0, 0);
+        s.worker_starting(2, 0, 0);
+        assert!(s.first_worker_starting());
+        assert!(s.worker_ready(2, MS));
+        assert!(!s.first_worker_starting(), "one is ready, the other may take its time");
+        // Busy counts as ready.
+        s.enqueue(7, MS);
+        assert_eq!(s.next_dispatch(MS, 0), Some((7, 2)));
+        assert!(!s.first_worker_starting());
+        // A pool that lost its only ready worker and is starting another
+        // is not a first start, but it looks the same and waits the same.
+        s.remove_worker(2);
+        assert!(s.first_worker_starting());
+        s.remove_worker(1);
+        assert!(!s.first_worker_starting(), "none starting");
     }
 
     #[test]

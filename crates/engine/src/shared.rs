@@ -75,6 +75,30 @@ impl FnCore {
         };
     }
 
+    /// Puts a retired function's processes in the background (nice 19, as
+    /// the isolation pool's containers wait), before they are thawed and
+    /// stopped: what they still do (a launcher's exit, the kernel freeing
+    /// its heap: milliseconds for Node.js) then waits for the calls and
+    /// worker starts that go on, the new version's first worker included.
+    /// Only for a function with no call running: those finish at their
+    /// own priority.
+    pub fn to_background(&self) {
+        debug_assert_eq!(self.sched.running(), 0, "a function running calls put in the background");
+        match &self.launcher.container {
+            Some(c) => {
+                if let Err(e) = c.to_background() {
+                    log::debug!("retiring container: {e}");
+                }
+            }
+            None => {
+                let workers = self.workers.values().map(|w| w.pid);
+                for pid in workers.chain([self.launcher.pid]).filter(|p| *p != 0) {
+                    let _ = sys::cpu::set_nice_all_threads(pid, RETIRED_NICE);
+                }
+            }
+        }
+    }
+
     /// Resumes a paused container (~0.1 ms: one cgroup file write). Called
     /// with the lock held, so housekeeping cannot freeze it again meanwhile.
     pub fn thaw(&mut self) {
@@ -118,6 +142,9 @@ pub(crate) struct Launcher {
 /// A worker that has not said hello this long after it was asked for is
 /// given up on (its launcher failed to start it).
 pub(crate) const WORKER_START_MAX_NS: u64 = 5_000_000_000;
+
+/// The nice value of a retired function's processes on their way out.
+const RETIRED_NICE: i32 = 19;
 
 /// A worker must have been idle this long before the pool may shrink by it.
 pub(crate) const WORKER_IDLE_MIN_NS: u64 = 1_000_000_000;

@@ -108,6 +108,12 @@ struct Starting {
     reply: ReplyTx,
 }
 
+/// The longest a deploy whose launcher is ready waits for its first
+/// worker: a worker start takes well under a millisecond when the machine
+/// is not overloaded. After it the deploy is installed anyway, and a worker
+/// that never says hello is asked for again like any other.
+const FIRST_WORKER_WAIT_MAX: Duration = Duration::from_secs(1);
+
 /// A retired function whose running calls may still finish.
 struct Draining {
     f: Arc<Function>,
@@ -312,18 +318,30 @@ impl Supervisor {
         }
     }
 
-    /// Installs the deploys whose launcher is ready; fails those whose
-    /// launcher died or did not start in time.
+    /// Installs the deploys whose launcher is ready, with its first worker
+    /// if it started one; fails those whose launcher died or did not start
+    /// in time.
+    ///
+    /// Waiting for the first worker (~0.3-1 ms after the launcher's hello)
+    /// means a redeploy leaves no gap: the old version takes calls until
+    /// the new one can run them, and a deploy that returns can serve at
+    /// once. It also keeps the install, the old version's retirement and
+    /// the deploy's answer from taking a vCPU from that worker's start.
     fn watch_starts(&mut self) {
         let mut i = 0;
         while i < self.starting.len() {
-            let (state, err) = {
+            let (state, err, first_worker_starting) = {
                 let core = self.starting[i].func.lock_core();
-                (core.launcher.state, core.launcher.last_error.clone())
+                let waited = core.launcher.ready_at.is_some_and(|t| t.elapsed() >= FIRST_WORKER_WAIT_MAX);
+                (core.launcher.state, core.launcher.last_error.clone(), core.sched.first_worker_starting() && !waited)
             };
             let st = &self.starting[i];
             let failed = match state {
                 _ if !self.newest(&st.func.spec.name, st.seq) => Some(superseded(&st.func.spec.name)),
+                LauncherState::Ready if first_worker_starting && Instant::now() <= st.deadline => {
+                    i += 1;
+                    continue;
+                }
                 LauncherState::Ready => None,
                 LauncherState::Down => Some(Refusal::new(
                     RefusalKind::StartFailed,
@@ -467,8 +485,12 @@ impl Supervisor {
         let (queued, running) = {
             let mut core = f.lock_core();
             core.removed = true;
+            let running = core.sched.running();
+            if running == 0 {
+                core.to_background();
+            }
             core.thaw();
-            (core.sched.drain_queue(), core.sched.running())
+            (core.sched.drain_queue(), running)
         };
         let mut replies = Vec::new();
         for call_id in queued {
@@ -546,6 +568,11 @@ impl Supervisor {
             let mut pids: Vec<u32> = core.workers.values().map(|w| w.pid).filter(|p| *p != 0).collect();
             if core.launcher.pid != 0 {
                 pids.push(core.launcher.pid);
+            }
+            // Its calls were answered above: whatever still runs is
+            // unwanted (and may be put in the background a second time).
+            if core.sched.running() == 0 {
+                core.to_background();
             }
             core.thaw();
             (pids, core.launcher.container.take())

@@ -539,21 +539,20 @@ impl Container {
             return Ok(());
         }
         for pid in self.group.procs() {
-            let tids: Vec<u32> = fs::read_dir(format!("/proc/{pid}/task"))
-                .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
-                .unwrap_or_default();
-            for tid in tids {
-                match sys::cpu::set_nice(tid, nice) {
-                    // Gone meanwhile (a warm interpreter being replaced).
-                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                    Err(e) => {
-                        return Err(Error::Io { what: format!("setting the nice value of {tid} to {nice}"), error: e })
-                    }
-                    Ok(()) => {}
-                }
-            }
+            // A process gone meanwhile (a warm interpreter being replaced)
+            // is no error.
+            sys::cpu::set_nice_all_threads(pid, nice)
+                .map_err(|error| Error::Io { what: format!("setting the nice value of {pid} to {nice}"), error })?;
         }
         Ok(())
+    }
+
+    /// Puts everything in the container in the background (`POOL_NICE`),
+    /// as when it waits in the pool: for a function being retired, whose
+    /// processes' last work (their exit, the kernel freeing a large heap)
+    /// must not take a vCPU from the calls and starts that go on.
+    pub fn to_background(&self) -> Result<()> {
+        self.set_nice(POOL_NICE)
     }
 
     /// Removes the container for good.

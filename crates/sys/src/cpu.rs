@@ -45,6 +45,23 @@ pub fn set_idle_priority() -> io::Result<()> {
     Ok(())
 }
 
+/// Sets the nice value of every thread of process `pid` (a nice value is
+/// per thread). A process or thread gone meanwhile is no error.
+pub fn set_nice_all_threads(pid: u32, nice: i32) -> io::Result<()> {
+    let tids: Vec<u32> = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(d) => d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for tid in tids {
+        match set_nice(tid, nice) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            r => r?,
+        }
+    }
+    Ok(())
+}
+
 /// Sets the nice value of thread or process `pid` (0 = the calling thread).
 /// Threads and processes it starts afterwards inherit it. Raising priority
 /// again (a lower value) needs CAP_SYS_NICE.
