@@ -103,6 +103,8 @@ pub(crate) struct IoThread {
     /// (docs/protocol.md "Call ids"), thread field 0x40 + this thread.
     id_tag: u64,
     next_seq: u64,
+    /// The messages of one channel read, kept for the next (empty between).
+    msgs: Vec<Message>,
 }
 
 impl IoThread {
@@ -119,6 +121,7 @@ impl IoThread {
             answered: Vec::new(),
             id_tag,
             next_seq: 0,
+            msgs: Vec::new(),
         }
     }
 
@@ -337,18 +340,21 @@ impl IoThread {
         let Some(Entry::Chan(c)) = self.entries.get_mut(&t) else { return };
         let status = c.reader.fill(&c.rx);
         let (func, worker_id) = (c.func.clone(), c.worker_id);
-        let mut msgs = Vec::new();
+        // Taken out (on_message needs `self`) and put back: no allocation
+        // per read.
+        let mut msgs = std::mem::take(&mut self.msgs);
         while let Some(m) = c.reader.next_message() {
             msgs.push(m);
         }
         let mut closed = hung_up || !matches!(status, Ok(ReadStatus::Drained));
-        for m in msgs {
+        for m in msgs.drain(..) {
             if let Err(e) = self.on_message(&func, worker_id, m) {
                 log::error!("{}: channel {worker_id}: {e}; closing it", func.spec.name);
                 closed = true;
                 break;
             }
         }
+        self.msgs = msgs;
         if closed {
             self.remove_entry(t);
             self.channel_closed(&func, worker_id);

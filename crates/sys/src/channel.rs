@@ -89,10 +89,16 @@ pub fn write_message(mut f: &File, m: &Message) -> io::Result<()> {
 /// Accumulates bytes read from a pipe and yields whole messages. Writers
 /// only write whole messages, but a reader's buffer may still end mid-message
 /// (e.g. after a partial read into a too-small buffer), so keep the tail.
+///
+/// `buf[start..end]` holds what was read and not yet taken; the rest of
+/// `buf` is initialised space that the next read reuses. It is zeroed only
+/// when it grows: zeroing a batch's 16 KB before every read cost ~3% of an
+/// engine I/O thread's time on internal calls.
 #[derive(Default)]
 pub struct MessageReader {
     buf: Vec<u8>,
     start: usize,
+    end: usize,
 }
 
 /// What one non-blocking read round produced.
@@ -107,29 +113,38 @@ pub enum ReadStatus {
 /// Up to this many messages are read with one syscall, batching under load.
 const READ_BATCH: usize = 16;
 
+/// Space kept between reads once a burst has been taken (a burst may
+/// have grown it further).
+const KEEP: usize = 4 * READ_BATCH * MESSAGE_LEN;
+
 impl MessageReader {
     /// Reads everything currently available from a non-blocking fd.
     pub fn fill(&mut self, mut f: &File) -> io::Result<ReadStatus> {
-        if self.start > 0 && self.start == self.buf.len() {
-            self.buf.clear();
-            self.start = 0;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+            if self.buf.len() > KEEP {
+                self.buf.truncate(KEEP);
+                self.buf.shrink_to(KEEP);
+            }
+        } else if self.start > 0 {
+            // A partial message (which writers never leave): to the front.
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
         }
         loop {
-            let old = self.buf.len();
-            self.buf.resize(old + READ_BATCH * MESSAGE_LEN, 0);
-            match f.read(&mut self.buf[old..]) {
-                Ok(0) => {
-                    self.buf.truncate(old);
-                    return Ok(ReadStatus::Eof);
-                }
+            if self.buf.len() - self.end < READ_BATCH * MESSAGE_LEN {
+                self.buf.resize(self.end + READ_BATCH * MESSAGE_LEN, 0);
+            }
+            let room = self.buf.len() - self.end;
+            match f.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Ok(ReadStatus::Eof),
                 Ok(n) => {
-                    self.buf.truncate(old + n);
-                    if n < READ_BATCH * MESSAGE_LEN {
+                    self.end += n;
+                    if n < room {
                         return Ok(ReadStatus::Drained);
                     }
                 }
                 Err(e) => {
-                    self.buf.truncate(old);
                     return match e.kind() {
                         io::ErrorKind::WouldBlock => Ok(ReadStatus::Drained),
                         io::ErrorKind::Interrupted => continue,
@@ -142,16 +157,12 @@ impl MessageReader {
 
     /// The next whole message read, if any.
     pub fn next_message(&mut self) -> Option<Message> {
-        if self.buf.len() - self.start < MESSAGE_LEN {
+        if self.end - self.start < MESSAGE_LEN {
             return None;
         }
         let mut m = Message::default();
         m.buf.copy_from_slice(&self.buf[self.start..self.start + MESSAGE_LEN]);
         self.start += MESSAGE_LEN;
-        if self.start == self.buf.len() {
-            self.buf.clear();
-            self.start = 0;
-        }
         Some(m)
     }
 }
@@ -233,6 +244,27 @@ mod tests {
         set_nonblocking(&wrx, true).expect("nonblock");
         read_message_spin(&wrx, &mut got, Duration::from_micros(50)).expect("read");
         assert_eq!(got.header().expect("valid").kind, Kind::StopWorker);
+        // A burst larger than a read batch, then a message split across
+        // reads: each comes out whole, in order.
+        for i in 0..(READ_BATCH as u32 * 3 + 1) {
+            let mut h = Header::new(Kind::WorkerHello);
+            h.worker_id = i;
+            write_message(&wtx, &Message::new(&h, &[])).expect("write");
+        }
+        assert_eq!(r.fill(&eng.rx).expect("fill"), ReadStatus::Drained);
+        for i in 0..(READ_BATCH as u32 * 3 + 1) {
+            assert_eq!(r.next_message().expect("a message").header().expect("valid").worker_id, i);
+        }
+        assert!(r.next_message().is_none());
+        let mut h = Header::new(Kind::WorkerHello);
+        h.worker_id = 77;
+        let m = Message::new(&h, &[]);
+        (&wtx).write_all(&m.buf[..100]).expect("write");
+        assert_eq!(r.fill(&eng.rx).expect("fill"), ReadStatus::Drained);
+        assert!(r.next_message().is_none(), "a partial message is kept, not yielded");
+        (&wtx).write_all(&m.buf[100..]).expect("write");
+        assert_eq!(r.fill(&eng.rx).expect("fill"), ReadStatus::Drained);
+        assert_eq!(r.next_message().expect("the whole message").header().expect("valid").worker_id, 77);
         // The worker going away is an EOF for the engine.
         drop(wtx);
         drop(wrx);
