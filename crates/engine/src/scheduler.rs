@@ -459,11 +459,13 @@ impl Scheduler {
         all
     }
 
-    /// Whether a worker is starting and none is ready yet: a new launcher's
-    /// first worker on its way.
-    pub fn first_worker_starting(&self) -> bool {
-        let ready = self.workers.values().any(|w| matches!(w.state, WorkerState::Idle | WorkerState::Busy(_)));
-        !ready && self.workers.values().any(|w| w.state == WorkerState::Starting)
+    /// Whether the pool keeps workers (`min_workers` > 0) and none is ready
+    /// yet: a new launcher's first worker is to come. True before the pool
+    /// even asked for one, so a deploy watched right after its launcher's
+    /// hello waits too.
+    pub fn awaits_first_worker(&self) -> bool {
+        self.min_workers > 0
+            && !self.workers.values().any(|w| matches!(w.state, WorkerState::Idle | WorkerState::Busy(_)))
     }
 
     pub fn worker_ids(&self) -> Vec<u32> {
@@ -541,24 +543,22 @@ mod tests {
     }
 
     #[test]
-    fn first_worker_starting_until_one_is_ready() {
+    fn awaits_first_worker_until_one_is_ready() {
         let mut s = Scheduler::new(2, 8, 1e-3);
-        assert!(!s.first_worker_starting(), "nothing asked for yet");
+        assert!(s.awaits_first_worker(), "before any is asked for");
         s.worker_starting(1, 0, 0);
         s.worker_starting(2, 0, 0);
-        assert!(s.first_worker_starting());
+        assert!(s.awaits_first_worker());
         assert!(s.worker_ready(2, MS));
-        assert!(!s.first_worker_starting(), "one is ready, the other may take its time");
+        assert!(!s.awaits_first_worker(), "one is ready, the other may take its time");
         // Busy counts as ready.
         s.enqueue(7, MS);
         assert_eq!(s.next_dispatch(MS, 0), Some((7, 2)));
-        assert!(!s.first_worker_starting());
-        // A pool that lost its only ready worker and is starting another
-        // is not a first start, but it looks the same and waits the same.
+        assert!(!s.awaits_first_worker());
         s.remove_worker(2);
-        assert!(s.first_worker_starting());
-        s.remove_worker(1);
-        assert!(!s.first_worker_starting(), "none starting");
+        assert!(s.awaits_first_worker(), "none ready again");
+        // A pool without a minimum starts workers for calls only.
+        assert!(!Scheduler::new(0, 8, 1e-3).awaits_first_worker());
     }
 
     #[test]

@@ -81,8 +81,10 @@ impl FnCore {
     /// its heap: milliseconds for Node.js) then waits for the calls and
     /// worker starts that go on, the new version's first worker included.
     /// Only for a function with no call running: those finish at their
-    /// own priority.
-    pub fn to_background(&self) {
+    /// own priority. `contained`: the engine runs functions in containers
+    /// (then without one there is nothing left to reach: the pids a
+    /// container's processes reported are its namespace's numbers).
+    pub fn to_background(&self, contained: bool) {
         debug_assert_eq!(self.sched.running(), 0, "a function running calls put in the background");
         match &self.launcher.container {
             Some(c) => {
@@ -90,6 +92,7 @@ impl FnCore {
                     log::debug!("retiring container: {e}");
                 }
             }
+            None if contained => {}
             None => {
                 let workers = self.workers.values().map(|w| w.pid);
                 for pid in workers.chain([self.launcher.pid]).filter(|p| *p != 0) {

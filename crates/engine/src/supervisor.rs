@@ -330,22 +330,28 @@ impl Supervisor {
     fn watch_starts(&mut self) {
         let mut i = 0;
         while i < self.starting.len() {
-            let (state, err, first_worker_starting) = {
+            let (state, err, awaits_worker) = {
                 let core = self.starting[i].func.lock_core();
                 let waited = core.launcher.ready_at.is_some_and(|t| t.elapsed() >= FIRST_WORKER_WAIT_MAX);
-                (core.launcher.state, core.launcher.last_error.clone(), core.sched.first_worker_starting() && !waited)
+                (core.launcher.state, core.launcher.last_error.clone(), core.sched.awaits_first_worker() && !waited)
             };
             let st = &self.starting[i];
             let failed = match state {
                 _ if !self.newest(&st.func.spec.name, st.seq) => Some(superseded(&st.func.spec.name)),
-                LauncherState::Ready if first_worker_starting && Instant::now() <= st.deadline => {
+                LauncherState::Ready if awaits_worker && Instant::now() <= st.deadline => {
                     i += 1;
                     continue;
                 }
                 LauncherState::Ready => None,
+                // A launcher that said hello and died before its first
+                // worker did has no error of its own: its log says why.
                 LauncherState::Down => Some(Refusal::new(
                     RefusalKind::StartFailed,
-                    format!("function {} failed to start:\n{err}", st.func.spec.name),
+                    format!(
+                        "function {} failed to start:\n{}",
+                        st.func.spec.name,
+                        if err.is_empty() { log_tail(&st.func.log) } else { err }
+                    ),
                 )),
                 LauncherState::Starting if Instant::now() > st.deadline => Some(Refusal::new(
                     RefusalKind::StartFailed,
@@ -482,12 +488,13 @@ impl Supervisor {
     /// redeploy) or are answered `function_removed`; running calls may
     /// finish for a while (`drain_tick`), then are answered the same.
     fn retire(&mut self, f: &Arc<Function>, why: &'static str, successor: Option<&Arc<Function>>) {
+        let contained = self.shared.pool.is_some();
         let (queued, running) = {
             let mut core = f.lock_core();
             core.removed = true;
             let running = core.sched.running();
             if running == 0 {
-                core.to_background();
+                core.to_background(contained);
             }
             core.thaw();
             (core.sched.drain_queue(), running)
@@ -572,7 +579,7 @@ impl Supervisor {
             // Its calls were answered above: whatever still runs is
             // unwanted (and may be put in the background a second time).
             if core.sched.running() == 0 {
-                core.to_background();
+                core.to_background(self.shared.pool.is_some());
             }
             core.thaw();
             (pids, core.launcher.container.take())
@@ -580,7 +587,11 @@ impl Supervisor {
         match (container, &self.shared.pool) {
             // Cleaning it kills everything inside.
             (Some(c), Some(pool)) => pool.give_back(c, true),
-            _ => {
+            // Its container went back to the pool when its launcher died,
+            // and was cleaned there; the pids it left are its namespace's
+            // numbers, which name other processes on the host.
+            (None, Some(_)) => {}
+            (_, None) => {
                 for pid in pids {
                     let _ = sys::process::kill(pid);
                 }
