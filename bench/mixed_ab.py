@@ -18,25 +18,18 @@ import argparse
 import csv
 import json
 import math
-import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+import up
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "examples" / "workloads" / "mixed-2050.json"
 FUNCTION_SETS = [ROOT / "examples" / "workloads" / "functions", ROOT / "bench" / "functions" / "python",
                  ROOT / "bench" / "functions" / "node"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(v, q):
@@ -51,39 +44,11 @@ def run(cmd, env):
 
 
 def one_run(binary, up_args, workload, out):
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
     out.mkdir(parents=True)
-    with tempfile.TemporaryDirectory() as state, open(out / "up.log", "w") as log:
-        up = subprocess.Popen([binary, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", state, *up_args],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            for _ in range(300):
-                if (Path(state) / "token").exists():
-                    break
-                time.sleep(0.1)
-            else:
-                raise RuntimeError("staccato up wrote no token in 30 s")
-            env["STACCATO_GATEWAY"] = f"http://127.0.0.1:{port}"
-            env["STACCATO_TOKEN"] = (Path(state) / "token").read_text().strip()
-            for _ in range(300):
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1):
-                        break
-                except OSError:
-                    time.sleep(0.1)
-            else:
-                sys.exit(f"staccato up did not listen on {port} in 30 s: {out / 'up.log'}")
-            for d in FUNCTION_SETS:
-                run([binary, "deploy", str(d)], env)
-            run([binary, "bench", "run", str(workload), "--out", str(out), "--no-analyze"], env)
-        finally:
-            up.terminate()
-            try:
-                up.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                up.kill()
-                up.wait()
+    with open(out / "up.log", "w") as log, up.private(binary, up_args, log=log) as env:
+        for d in FUNCTION_SETS:
+            run([binary, "deploy", str(d)], env)
+        run([binary, "bench", "run", str(workload), "--out", str(out), "--no-analyze"], env)
     lat, failed = {}, 0
     with open(out / "requests.csv") as f:
         for r in csv.DictReader(f):

@@ -14,23 +14,18 @@ Each `staccato up` gets a free loopback port and a state directory of its
 own, and is stopped after its run."""
 import argparse
 import json
+import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+import up
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cmd, env):
@@ -47,53 +42,25 @@ def ready_us(port, token, name):
 
 
 def one_run(binary, up_args, a):
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
-    env["STACCATO_RUNTIMES"] = str(ROOT / "runtimes")
     functions = ROOT / "bench" / "functions" / a.lang
     nop = f"bench-nop-{a.lang}"
     pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if a.pinned else []
     ready, took = [], []
-    with tempfile.TemporaryDirectory() as state:
-        up = subprocess.Popen([*pin, binary, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", state, *up_args],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        try:
-            for _ in range(300):
-                if (Path(state) / "token").exists():
-                    break
-                time.sleep(0.1)
-            else:
-                sys.exit("staccato up wrote no token in 30 s")
-            token = (Path(state) / "token").read_text().strip()
-            env["STACCATO_GATEWAY"] = f"http://127.0.0.1:{port}"
-            env["STACCATO_TOKEN"] = token
-            for _ in range(300):
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=1):
-                        break
-                except OSError:
-                    time.sleep(0.1)
-            else:
-                sys.exit(f"staccato up did not listen on {port} in 30 s")
+    with up.private(binary, up_args, prefix=pin, extra_env={"STACCATO_RUNTIMES": str(ROOT / "runtimes")}) as env:
+        port = env["STACCATO_GATEWAY"].rsplit(":", 1)[1]
+        run([*pin, binary, "deploy", str(functions)], env)
+        for _ in range(a.redeploys):
+            # Let the pool refill and the old version go, as bench micro does.
+            time.sleep(1.5)
+            t0 = time.monotonic()
             run([*pin, binary, "deploy", str(functions)], env)
-            for _ in range(a.redeploys):
-                # Let the pool refill and the old version go, as bench micro does.
-                time.sleep(1.5)
-                t0 = time.monotonic()
-                run([*pin, binary, "deploy", str(functions)], env)
-                took.append((time.monotonic() - t0) * 1e3)
-                deadline = time.monotonic() + 5
-                while not (r := ready_us(port, token, nop)) and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                if not r:
-                    sys.exit(f"{nop}: no worker became ready after a redeploy")
-                ready.append(r[0])
-        finally:
-            up.terminate()
-            try:
-                up.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                up.kill()
+            took.append((time.monotonic() - t0) * 1e3)
+            deadline = time.monotonic() + 5
+            while not (r := ready_us(port, env["STACCATO_TOKEN"], nop)) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not r:
+                sys.exit(f"{nop}: no worker became ready after a redeploy")
+            ready.append(r[0])
     return ready, took
 
 
@@ -123,7 +90,8 @@ def main():
         ready = sorted(x for rd, _ in res[name] for x in rd)
         took = [x for _, t in res[name] for x in t]
         rounds = " / ".join(f"{statistics.median(rd):.0f}" for rd, _ in res[name])
-        print(f"{name:>10}: ready p50 {statistics.median(ready):.0f}, p90 {ready[int(0.9 * (len(ready) - 1))]:.0f}, "
+        p90 = ready[max(0, math.ceil(0.9 * len(ready)) - 1)]  # nearest rank
+        print(f"{name:>10}: ready p50 {statistics.median(ready):.0f}, p90 {p90:.0f}, "
               f"max {ready[-1]} (round p50s {rounds}); deploy p50 {statistics.median(took):.0f} ms")
 
 
