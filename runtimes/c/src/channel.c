@@ -42,6 +42,7 @@ int stc_chan_open(stc_chan *c, const char *ipc_dir, uint32_t id, long spin_us)
     char path[PATH_MAX];
     c->rfd = c->wfd = -1;
     c->spin_us = spin_us;
+    c->last_wait_ns = 0;
     /* Opened blocking as the protocol says (the engine holds e2w O_RDWR, so
      * this returns at once); switched to O_NONBLOCK only if receives spin. */
     if (stc_chan_path(path, sizeof path, ipc_dir, id, "e2w") < 0)
@@ -118,10 +119,25 @@ static int wait_readable(int fd)
     }
 }
 
+/* A receive spins only while messages come quickly: when the last one took
+ * more than SPIN_QUIET_X times the spin budget to arrive, the next receive
+ * blocks at once.  At a low rate a spin catches nothing, and it does harm:
+ * a worker still spinning after its reply keeps the engine's vCPU busy when
+ * the engine answers the client, so the kernel wakes the client on another
+ * vCPU, and each call then wakes a halted vCPU twice (BENCHMARKS.md, "A
+ * spin after each reply moved the client"). */
+#define SPIN_QUIET_X 10u
+
 int stc_chan_recv(stc_chan *c, uint8_t msg[STC_MSG_LEN])
 {
     size_t got = 0;
     long spin = c->spin_us;
+    uint64_t t0 = 0;
+    if (spin > 0) {
+        if (c->last_wait_ns > (uint64_t)spin * 1000u * SPIN_QUIET_X)
+            spin = 0;
+        t0 = stc_mono_ns();
+    }
     while (got < STC_MSG_LEN) {
         ssize_t n = read_spinning(c->rfd, msg + got, STC_MSG_LEN - got, spin);
         spin = 0; /* spin once per message; after blocking the data is there */
@@ -139,6 +155,8 @@ int stc_chan_recv(stc_chan *c, uint8_t msg[STC_MSG_LEN])
             return -1;
         }
     }
+    if (c->spin_us > 0)
+        c->last_wait_ns = stc_mono_ns() - t0;
     return 1;
 }
 

@@ -54,6 +54,10 @@ var errPartialMessage = errors.New("end of file in the middle of a message")
 type fifo struct {
 	mode   ioMode
 	spinNs int64
+	// How long the last read with a spin budget waited for its bytes, and
+	// how many times reads yielded in a spin (for tests).
+	lastWaitNs int64
+	spinYields int
 
 	// ioPoll
 	rf, wf *os.File
@@ -197,14 +201,28 @@ func (f *fifo) readPollSpin(p []byte) (int, error) {
 	return max(n, 0), err
 }
 
+// spinQuietX: a read spins only while messages come quickly; when the last
+// one took more than spinQuietX times the spin budget to arrive, the next
+// read blocks at once. At a low rate a spin catches nothing, and it does
+// harm: a worker still spinning after its reply keeps the engine's vCPU
+// busy when the engine answers the client, so the kernel wakes the client
+// on another vCPU and each call wakes a halted vCPU twice (as in the C
+// runtime; BENCHMARKS.md, "A spin after each reply moved the client").
+const spinQuietX = 10
+
 // readBlockSpin: non-blocking read(2) with yields for up to spinNs, then
 // ppoll(2) in the kernel (blocking this thread), then read again.
 func (f *fifo) readBlockSpin(p []byte) (int, error) {
-	until := nanotime() + f.spinNs
+	start := nanotime()
+	until := start + f.spinNs
+	if f.lastWaitNs > f.spinNs*spinQuietX {
+		until = 0
+	}
 	for {
 		n, err := syscall.Read(f.rfd, p)
 		switch err {
 		case nil:
+			f.lastWaitNs = nanotime() - start
 			return n, nil
 		case syscall.EINTR:
 			continue
@@ -213,6 +231,7 @@ func (f *fifo) readBlockSpin(p []byte) (int, error) {
 			return 0, err
 		}
 		if until != 0 && nanotime() < until {
+			f.spinYields++
 			spinYield()
 			continue
 		}
