@@ -8,6 +8,8 @@ gateway's do not. Every test talks raw HTTP over a socket, so what the
 client sends is exactly what the test says.
 """
 import json
+import os
+import re
 import socket
 import time
 
@@ -132,6 +134,65 @@ def test_a_request_cut_anywhere_is_still_served(srv):
             c.send(req[cut:])
             status, h, body = c.response()
             assert (status, body) == (200, b"x" * 3000), cut
+
+
+def io_thread(call_id):
+    """The engine I/O thread that answered a front-door call (its id's
+    thread field is 0x40 + the thread)."""
+    return (int(call_id, 16) >> 56) & 0x3F
+
+
+def front_door_moves(srv):
+    m = re.search(r"^staccato_front_door_moves_total (\d+)$", srv.get("/metrics").body.decode(), re.M)
+    assert m, "no staccato_front_door_moves_total in /metrics"
+    return int(m.group(1))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two vCPUs")
+def test_a_connection_follows_its_client_to_another_vcpu(srv):
+    """A client that moves to another vCPU has its connection moved to the
+    I/O thread there (its packets are received there, SO_INCOMING_CPU):
+    told by the call ids' thread field; calls on it, a request cut across
+    the move and pipelined ones, are answered as before."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    saved = os.sched_getaffinity(0)
+    moves = front_door_moves(srv)
+    last = []
+    try:
+        with Conn(srv.port) as c:
+            for phase, cpu in enumerate((cpus[0], cpus[1], cpus[0])):
+                os.sched_setaffinity(0, {cpu})
+                threads = []
+                for i in range(4):
+                    time.sleep(0.005)  # more than the 1 ms between looks
+                    body = f"{phase}-{i}".encode()
+                    req = call("echo", body)
+                    if i == 1:
+                        # Cut: the head from the other vCPU, the body from this one.
+                        os.sched_setaffinity(0, {cpus[1 - cpus.index(cpu)]})
+                        c.send(req[:-len(body)])
+                        time.sleep(0.005)
+                        os.sched_setaffinity(0, {cpu})
+                        time.sleep(0.005)
+                        c.send(req[-len(body):])
+                    elif i == 3:
+                        c.send(req + call("echo", b"pipelined"))
+                    else:
+                        c.send(req)
+                    status, h, got = c.response()
+                    assert (status, got) == (200, body), (phase, i, status, got)
+                    assert by_engine(h["x-call-id"]), h
+                    if i == 3:
+                        status2, h2, got2 = c.response()
+                        assert (status2, got2) == (200, b"pipelined"), (status2, got2)
+                    if i != 1:
+                        threads.append(io_thread(h["x-call-id"]))
+                assert len(set(threads)) == 1, f"phase {phase} on CPU {cpu}: answered by threads {threads}"
+                last.append(threads[0])
+    finally:
+        os.sched_setaffinity(0, saved)
+    assert last[0] != last[1] and last[2] == last[0], f"I/O threads by phase: {last}"
+    assert front_door_moves(srv) >= moves + 2
 
 
 def test_management_on_a_calls_connection_goes_to_the_gateway(srv):

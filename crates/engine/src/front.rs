@@ -36,6 +36,9 @@ pub trait FrontDoor: Send + Sync {
     fn loopback_only(&self) -> bool;
     /// How long a connection may wait without a complete request.
     fn idle_timeout(&self) -> Duration;
+    /// Counts a connection moved to the I/O thread of the vCPU its client
+    /// now sends from (in the gateway's metrics).
+    fn followed(&self);
 }
 
 /// How a call ended, for its answer.

@@ -32,6 +32,9 @@ enum ProtocolError {
 }
 
 pub(crate) const WAKER: Token = Token(0);
+/// How often at most a front-door connection is looked at for following
+/// its client to another vCPU (`IoThread::follow_client`).
+const FOLLOW_CHECK_NS: u64 = 1_000_000;
 
 struct Conn {
     stream: TcpStream,
@@ -50,7 +53,7 @@ struct Chan {
 }
 
 /// A client connection of the front door (`front`).
-struct HttpConn {
+pub(crate) struct HttpConn {
     stream: std::net::TcpStream,
     rbuf: Vec<u8>,
     wbuf: Vec<u8>,
@@ -68,6 +71,9 @@ struct HttpConn {
     /// The client sent all it will (end of file): close once what it
     /// sent is answered.
     eof: bool,
+    /// When it was last looked at for following its client
+    /// (`IoThread::follow_client`; monotonic ns).
+    checked_ns: u64,
     /// Its place among the gateway's connections.
     _slot: Box<dyn Send>,
 }
@@ -202,6 +208,7 @@ impl IoThread {
                 }
                 Cmd::Reply { conn, frame } => self.queue_write(conn, &frame),
                 Cmd::CheckConns => self.close_silent_conns(),
+                Cmd::AdoptHttp(c) => self.adopt_http(*c),
                 Cmd::Listen(l) => {
                     let t = self.token();
                     let fd = l.as_raw_fd();
@@ -850,6 +857,7 @@ impl IoThread {
                 heard_ns: sys::clock::monotonic_ns(),
                 read_paused: false,
                 eof: false,
+                checked_ns: 0,
                 _slot: slot,
             };
             self.entries.insert(c, Entry::Http(conn));
@@ -891,6 +899,59 @@ impl IoThread {
             self.remove_entry(t);
             return;
         }
+        if self.follow_client(t) {
+            return;
+        }
+        self.serve_http(t);
+        self.settle_http(t);
+    }
+
+    /// Gives a client connection whose client now sends from another vCPU
+    /// (the CPU its packets were last received on, `SO_INCOMING_CPU`: for
+    /// loopback, the client's own) to the I/O thread of that vCPU, with
+    /// what it read, before serving it. The listener chose the thread by
+    /// where the client was when it connected; a client elsewhere since
+    /// has each call cross vCPUs twice, and then stays elsewhere (the
+    /// kernel wakes it where it last ran while that vCPU is idle). With
+    /// its thread (and that thread's worker) beside it, the answer's
+    /// wake-up keeps it there. Only a connection with nothing in flight or
+    /// unwritten moves, and it is looked at once every
+    /// `FOLLOW_CHECK_NS` at most: one `getsockopt` a millisecond under
+    /// load, and a client that keeps hopping cannot make it bounce more
+    /// often. Returns whether it moved.
+    fn follow_client(&mut self, t: Token) -> bool {
+        let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return false };
+        if c.busy || !c.wbuf.is_empty() || c.after != After::Serve || c.eof || c.read_paused || c.rbuf.is_empty() {
+            return false;
+        }
+        let now = sys::clock::monotonic_ns();
+        if now.saturating_sub(c.checked_ns) < FOLLOW_CHECK_NS {
+            return false;
+        }
+        c.checked_ns = now;
+        let Ok(cpu) = socket2::SockRef::from(&c.stream).cpu_affinity() else { return false };
+        let Some(to) = self.shared.thread_on(cpu) else { return false };
+        if to == self.idx {
+            return false;
+        }
+        let Some(Entry::Http(c)) = self.remove_entry(t) else { return false };
+        if let Some(door) = self.shared.front.get() {
+            door.followed();
+        }
+        self.shared.post(to, Cmd::AdoptHttp(Box::new(c)));
+        true
+    }
+
+    /// Serves a client connection another I/O thread moved here
+    /// (`follow_client`), starting with what it read.
+    fn adopt_http(&mut self, c: HttpConn) {
+        let t = self.token();
+        let fd = c.stream.as_raw_fd();
+        if let Err(e) = self.poll.registry().register(&mut SourceFd(&fd), t, Interest::READABLE) {
+            log::error!("registering a client connection: {e}");
+            return;
+        }
+        self.entries.insert(t, Entry::Http(c));
         self.serve_http(t);
         self.settle_http(t);
     }

@@ -289,6 +289,9 @@ pub(crate) enum Cmd {
     },
     /// Accept client connections on it (the front door).
     Listen(std::net::TcpListener),
+    /// Serve this front-door client connection from now on (its client
+    /// sends from this thread's CPU now).
+    AdoptHttp(Box<crate::io_thread::HttpConn>),
     /// Close gateway connections that have gone silent (from the clock).
     CheckConns,
 }
@@ -382,6 +385,11 @@ impl Shared {
     /// The CPU I/O thread `thread` runs on under packed placement.
     pub fn cpu_of(&self, thread: usize) -> Option<usize> {
         (self.cfg.placement == Placement::Packed).then(|| self.cpus[thread % self.cpus.len()])
+    }
+
+    /// The first I/O thread that runs on `cpu` under packed placement.
+    pub fn thread_on(&self, cpu: usize) -> Option<usize> {
+        (0..self.mailboxes.len()).find(|&i| self.cpu_of(i) == Some(cpu))
     }
 
     /// Registers a call and queues it on its function. `cur` is the calling

@@ -194,6 +194,15 @@ async fn metrics(sh: &Arc<GwShared>) -> String {
     for e in sh.engines.rows() {
         let _ = writeln!(s, "staccato_engine_up{{engine=\"{}\"}} {}", e.id, u8::from(e.state == "ready"));
     }
+    s.push_str(
+        "# HELP staccato_front_door_moves_total Client connections the engine's front door moved to the I/O thread \
+         of the vCPU their client now sends from.\n# TYPE staccato_front_door_moves_total counter\n",
+    );
+    let _ = writeln!(
+        s,
+        "staccato_front_door_moves_total {}",
+        sh.front_door_moves.load(std::sync::atomic::Ordering::Relaxed)
+    );
     let status = engine_status(sh, false).await;
     type PoolFigure = (&'static str, &'static str, &'static str, fn(&ctl::PoolStatus) -> f64);
     let pool: [PoolFigure; 6] = [

@@ -195,6 +195,12 @@ impl Gateway {
     pub fn idle_timeout(&self) -> std::time::Duration {
         self.sh.cfg.idle_timeout
     }
+
+    /// Counts a client connection the engine's front door moved to the I/O
+    /// thread of the vCPU its client now sends from (`/metrics`).
+    pub fn front_door_followed(&self) {
+        self.sh.front_door_moves.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 pub(crate) struct GwShared {
@@ -204,6 +210,9 @@ pub(crate) struct GwShared {
     pub reserve: AtomicUsize,
     /// When the full-gateway warning was last logged (seconds since start).
     pub warned_full_s: AtomicU64,
+    /// Client connections the engine's front door moved between its I/O
+    /// threads to follow their client.
+    pub front_door_moves: AtomicU64,
     pub store: Arc<Store>,
     pub metrics: metrics::Metrics,
     pub engines: Arc<Engines>,
@@ -558,6 +567,7 @@ pub fn start(cfg: GatewayConfig) -> Result<Gateway, GatewayError> {
         connections: AtomicUsize::new(0),
         reserve: AtomicUsize::new(0),
         warned_full_s: AtomicU64::new(0),
+        front_door_moves: AtomicU64::new(0),
         dashboard: dashboard::Board::default(),
     });
     let cpus = sys::cpu::cpus_allowed();

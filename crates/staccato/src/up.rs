@@ -826,6 +826,9 @@ impl engine::front::FrontDoor for FrontDoor {
     fn idle_timeout(&self) -> Duration {
         self.0.idle_timeout()
     }
+    fn followed(&self) {
+        self.0.front_door_followed();
+    }
 }
 
 /// Reads `<state>/<name>`, or creates it with a fresh random token, mode
