@@ -164,7 +164,7 @@ def test_a_connection_follows_its_client_to_another_vcpu(srv):
                 os.sched_setaffinity(0, {cpu})
                 threads = []
                 for i in range(4):
-                    time.sleep(0.005)  # more than the 1 ms between looks
+                    time.sleep(0.005)
                     body = f"{phase}-{i}".encode()
                     req = call("echo", body)
                     if i == 1:

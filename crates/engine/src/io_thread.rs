@@ -32,9 +32,6 @@ enum ProtocolError {
 }
 
 pub(crate) const WAKER: Token = Token(0);
-/// How often at most a front-door connection is looked at for following
-/// its client to another vCPU (`IoThread::follow_client`).
-const FOLLOW_CHECK_NS: u64 = 1_000_000;
 
 struct Conn {
     stream: TcpStream,
@@ -71,9 +68,6 @@ pub(crate) struct HttpConn {
     /// The client sent all it will (end of file): close once what it
     /// sent is answered.
     eof: bool,
-    /// When it was last looked at for following its client
-    /// (`IoThread::follow_client`; monotonic ns).
-    checked_ns: u64,
     /// Its place among the gateway's connections.
     _slot: Box<dyn Send>,
 }
@@ -857,7 +851,6 @@ impl IoThread {
                 heard_ns: sys::clock::monotonic_ns(),
                 read_paused: false,
                 eof: false,
-                checked_ns: 0,
                 _slot: slot,
             };
             self.entries.insert(c, Entry::Http(conn));
@@ -914,21 +907,19 @@ impl IoThread {
     /// has each call cross vCPUs twice, and then stays elsewhere (the
     /// kernel wakes it where it last ran while that vCPU is idle). With
     /// its thread (and that thread's worker) beside it, the answer's
-    /// wake-up keeps it there. Only a connection with nothing in flight or
-    /// unwritten moves, and it is looked at once every
-    /// `FOLLOW_CHECK_NS` at most: one `getsockopt` a millisecond under
-    /// load, and a client that keeps hopping cannot make it bounce more
-    /// often. Returns whether it moved.
+    /// wake-up finds it there. Only a connection with nothing in flight or
+    /// unwritten moves. Looked at on every request (one `getsockopt`):
+    /// a worker spinning when the answer is written makes the kernel wake
+    /// the client on the other vCPU now and then, and a connection that
+    /// follows at once keeps the next call local, where one that followed
+    /// at most once a millisecond measured no better than none
+    /// (BENCHMARKS.md, "A connection follows its client"). Returns whether
+    /// it moved.
     fn follow_client(&mut self, t: Token) -> bool {
-        let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return false };
+        let Some(Entry::Http(c)) = self.entries.get(&t) else { return false };
         if c.busy || !c.wbuf.is_empty() || c.after != After::Serve || c.eof || c.read_paused || c.rbuf.is_empty() {
             return false;
         }
-        let now = sys::clock::monotonic_ns();
-        if now.saturating_sub(c.checked_ns) < FOLLOW_CHECK_NS {
-            return false;
-        }
-        c.checked_ns = now;
         let Ok(cpu) = socket2::SockRef::from(&c.stream).cpu_affinity() else { return false };
         let Some(to) = self.shared.thread_on(cpu) else { return false };
         if to == self.idx {
