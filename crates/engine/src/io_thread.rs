@@ -908,7 +908,9 @@ impl IoThread {
     /// kernel wakes it where it last ran while that vCPU is idle). With
     /// its thread (and that thread's worker) beside it, the answer's
     /// wake-up finds it there. Only a connection with nothing in flight or
-    /// unwritten moves. Looked at on every request (one `getsockopt`):
+    /// unwritten moves, and only under packed placement (where threads
+    /// have vCPUs). Looked at on each read that leaves bytes to serve (one
+    /// `getsockopt`), not for pipelined requests served after an answer:
     /// a worker spinning when the answer is written makes the kernel wake
     /// the client on the other vCPU now and then, and a connection that
     /// follows at once keeps the next call local, where one that followed
@@ -921,10 +923,12 @@ impl IoThread {
             return false;
         }
         let Ok(cpu) = socket2::SockRef::from(&c.stream).cpu_affinity() else { return false };
-        let Some(to) = self.shared.thread_on(cpu) else { return false };
-        if to == self.idx {
+        // Already on that vCPU (one of its threads, when there are more
+        // threads than vCPUs): stay.
+        if self.shared.cpu_of(self.idx) == Some(cpu) {
             return false;
         }
+        let Some(to) = self.shared.thread_on(cpu) else { return false };
         let Some(Entry::Http(c)) = self.remove_entry(t) else { return false };
         if let Some(door) = self.shared.front.get() {
             door.followed();
@@ -939,7 +943,11 @@ impl IoThread {
         let t = self.token();
         let fd = c.stream.as_raw_fd();
         if let Err(e) = self.poll.registry().register(&mut SourceFd(&fd), t, Interest::READABLE) {
+            // The gateway serves it from here, what it read first.
             log::error!("registering a client connection: {e}");
+            if let Some(door) = self.shared.front.get() {
+                door.hand_over(self.idx, c.stream, c.rbuf);
+            }
             return;
         }
         self.entries.insert(t, Entry::Http(c));

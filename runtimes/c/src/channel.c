@@ -43,6 +43,7 @@ int stc_chan_open(stc_chan *c, const char *ipc_dir, uint32_t id, long spin_us)
     c->rfd = c->wfd = -1;
     c->spin_us = spin_us;
     c->last_wait_ns = 0;
+    c->spin_yields = 0;
     /* Opened blocking as the protocol says (the engine holds e2w O_RDWR, so
      * this returns at once); switched to O_NONBLOCK only if receives spin. */
     if (stc_chan_path(path, sizeof path, ipc_dir, id, "e2w") < 0)
@@ -82,7 +83,7 @@ void stc_chan_close(stc_chan *c)
 /* read() that keeps retrying on EAGAIN for up to spin_us microseconds, so a
  * reply arriving soon is picked up without the cost of sleeping in poll()
  * and being woken.  Returns like read(); -1/EAGAIN once the spin is over. */
-static ssize_t read_spinning(int fd, void *buf, size_t len, long spin_us)
+static ssize_t read_spinning(int fd, void *buf, size_t len, long spin_us, uint64_t *yields)
 {
     ssize_t n = read(fd, buf, len);
     if (n >= 0 || errno != EAGAIN || spin_us <= 0)
@@ -95,6 +96,7 @@ static ssize_t read_spinning(int fd, void *buf, size_t len, long spin_us)
          * vCPU stays awake instead of halting (a wake-up IPI costs ~20 us
          * on this kind of guest). */
         sched_yield();
+        ++*yields;
         n = read(fd, buf, len);
         if (n >= 0 || errno != EAGAIN)
             return n;
@@ -139,7 +141,7 @@ int stc_chan_recv(stc_chan *c, uint8_t msg[STC_MSG_LEN])
         t0 = stc_mono_ns();
     }
     while (got < STC_MSG_LEN) {
-        ssize_t n = read_spinning(c->rfd, msg + got, STC_MSG_LEN - got, spin);
+        ssize_t n = read_spinning(c->rfd, msg + got, STC_MSG_LEN - got, spin, &c->spin_yields);
         spin = 0; /* spin once per message; after blocking the data is there */
         if (n > 0) {
             got += (size_t)n;

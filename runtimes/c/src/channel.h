@@ -14,6 +14,7 @@ typedef struct stc_chan {
     int wfd;      /* <id>.w2e, write end, blocking */
     long spin_us; /* how long a receive spins on read() before it blocks in poll() */
     uint64_t last_wait_ns; /* how long the last receive waited for its message */
+    uint64_t spin_yields;  /* sched_yield passes of receives that spun (for tests) */
 } stc_chan;
 
 /* Writes dir/<id>.<suffix> ("e2w" or "w2e") into buf.  Returns 0, or -1

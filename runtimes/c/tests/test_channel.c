@@ -1,10 +1,9 @@
 /*
  * test_channel.c - how a receive waits (src/channel.c): it spins only while
  * messages come quickly.  A writer thread plays the engine, sending one
- * message after each of a list of gaps; 5 and 10 ms into each gap it looks
- * at the receiving thread's state in /proc: a spinning receive is running or
- * runnable (R), one blocked in poll() sleeps (S).  Usage: test_channel.
- * Last line: "N passed, N failed".
+ * message after each of a list of gaps; the channel's count of spin passes
+ * tells which receives spun.  Usage: test_channel.  Last line: "N passed,
+ * N failed".
  */
 #include <fcntl.h>
 #include <limits.h>
@@ -24,31 +23,7 @@
 static const long gaps_ms[] = {300, 60, 60};
 #define N (sizeof gaps_ms / sizeof gaps_ms[0])
 
-static int engine_fd;        /* the engine's end of 1.e2w */
-static pid_t receiver_tid;   /* set before the writer starts */
-static int spun[N];          /* the receiver was seen running in gap i */
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0) {
-    }
-}
-
-/* The state letter of the receiving thread (R, S, ...), or '?'. */
-static char receiver_state(void)
-{
-    char path[64], buf[512];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)receiver_tid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return '?';
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')'); /* after "pid (comm)" */
-    return p && p[1] == ' ' ? p[2] : '?';
-}
+static int engine_fd; /* the engine's end of 1.e2w */
 
 static void *engine(void *arg)
 {
@@ -56,12 +31,9 @@ static void *engine(void *arg)
     uint8_t msg[STC_MSG_LEN];
     memset(msg, 0, sizeof msg);
     for (size_t i = 0; i < N; i++) {
-        /* Within the spin budget (20 ms) of the receive's start. */
-        sleep_ms(5);
-        spun[i] = receiver_state() == 'R';
-        sleep_ms(5);
-        spun[i] |= receiver_state() == 'R';
-        sleep_ms(gaps_ms[i] - 10);
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = gaps_ms[i] * 1000000L};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
         if (write(engine_fd, msg, sizeof msg) != (ssize_t)sizeof msg) {
             perror("write");
             exit(2);
@@ -72,14 +44,14 @@ static void *engine(void *arg)
 
 static int passed, failed;
 
-static void check(int ok, const char *what)
+static void check(int ok, const char *what, uint64_t yields)
 {
     if (ok) {
         passed++;
         return;
     }
     failed++;
-    printf("FAIL %s\n", what);
+    printf("FAIL %s (%llu spin passes)\n", what, (unsigned long long)yields);
 }
 
 int main(void)
@@ -104,24 +76,26 @@ int main(void)
         perror("open");
         return 2;
     }
-    receiver_tid = gettid();
     pthread_t t;
     pthread_create(&t, NULL, engine, NULL);
+    uint64_t yields[N];
     uint8_t msg[STC_MSG_LEN];
     for (size_t i = 0; i < N; i++) {
+        uint64_t y0 = c.spin_yields;
         if (stc_chan_recv(&c, msg) != 1) {
             perror("stc_chan_recv");
             return 2;
         }
+        yields[i] = c.spin_yields - y0;
     }
     pthread_join(t, NULL);
     /* 1: nothing before it, so it spins (then blocks); it waited 300 ms,
      *    over 10 x the budget.
      * 2: after that quiet wait it blocks at once.
      * 3: the wait before it (60 ms) was within 10 x the budget: it spins. */
-    check(spun[0], "the first receive spins");
-    check(!spun[1], "a receive after a wait over 10x the spin budget blocks at once");
-    check(spun[2], "a receive after a wait within 10x the spin budget spins again");
+    check(yields[0] > 0, "the first receive spins", yields[0]);
+    check(yields[1] == 0, "a receive after a wait over 10x the spin budget blocks at once", yields[1]);
+    check(yields[2] > 0, "a receive after a wait within 10x the spin budget spins again", yields[2]);
     stc_chan_close(&c);
     close(engine_fd);
     close(engine_rx);
