@@ -915,7 +915,7 @@ impl IoThread {
     /// the client on the other vCPU now and then, and a connection that
     /// follows at once keeps the next call local, where one that followed
     /// at most once a millisecond measured no better than none
-    /// (BENCHMARKS.md, "A connection follows its client"). Returns whether
+    /// (BENCHMARKS.md, "On an Intel guest"). Returns whether
     /// it moved.
     fn follow_client(&mut self, t: Token) -> bool {
         let Some(Entry::Http(c)) = self.entries.get(&t) else { return false };

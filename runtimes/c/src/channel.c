@@ -126,8 +126,8 @@ static int wait_readable(int fd)
  * blocks at once.  At a low rate a spin catches nothing, and it does harm:
  * a worker still spinning after its reply keeps the engine's vCPU busy when
  * the engine answers the client, so the kernel wakes the client on another
- * vCPU, and each call then wakes a halted vCPU twice (BENCHMARKS.md, "A
- * spin after each reply moved the client"). */
+ * vCPU, and each call then wakes a halted vCPU twice (BENCHMARKS.md, "On an
+ * Intel guest"). */
 #define SPIN_QUIET_X 10u
 
 int stc_chan_recv(stc_chan *c, uint8_t msg[STC_MSG_LEN])

@@ -207,7 +207,7 @@ func (f *fifo) readPollSpin(p []byte) (int, error) {
 // harm: a worker still spinning after its reply keeps the engine's vCPU
 // busy when the engine answers the client, so the kernel wakes the client
 // on another vCPU and each call wakes a halted vCPU twice (as in the C
-// runtime; BENCHMARKS.md, "A spin after each reply moved the client").
+// runtime; BENCHMARKS.md, "On an Intel guest").
 const spinQuietX = 10
 
 // readBlockSpin: non-blocking read(2) with yields for up to spinNs, then
