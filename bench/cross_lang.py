@@ -15,23 +15,16 @@ gives the median over rounds of each pair's p50 (and p99) in µs, and
 each p50 as a multiple of C -> C in the same round."""
 import argparse
 import os
-import socket
 import statistics
 import struct
 import subprocess
 import sys
-import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
+import up
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def invoke(port, name, body):
@@ -46,38 +39,21 @@ def pct(v, p):
 
 def one_round(a, pinned):
     """{(caller, callee): (p50 µs, p99 µs)} for one `staccato up`."""
-    port = free_port()
     first_cpu = min(os.sched_getaffinity(0))
     pre = ["taskset", "-c", str(first_cpu)] if pinned else []
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
     out = {}
-    with tempfile.TemporaryDirectory() as state:
-        up = subprocess.Popen(pre + [a.binary, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", state],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
-        try:
-            for _ in range(300):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).close()
-                    break
-                except OSError:
-                    if up.poll() is not None:
-                        sys.exit(f"staccato up exited with status {up.returncode}")
-                    time.sleep(0.1)
-            env["STACCATO_GATEWAY"] = f"http://127.0.0.1:{port}"
-            env["STACCATO_TOKEN"] = (Path(state) / "token").read_text().strip()
-            for lang in a.langs:
-                subprocess.run(pre + [a.binary, "deploy", str(ROOT / "bench" / "functions" / lang)], env=env,
-                               check=True, stdout=subprocess.DEVNULL)
-            for caller in a.langs:
-                for callee in a.langs:
-                    c, n = f"bench-caller-{caller}", f"bench-nop-{callee}"
-                    invoke(port, c, f"{max(1, a.calls // 10)}:{n}".encode())  # warm-up
-                    raw = invoke(port, c, f"{a.calls}:{n}".encode())
-                    v = sorted(struct.unpack(f"<{len(raw) // 4}I", raw))
-                    out[(caller, callee)] = (pct(v, 50) / 1000, pct(v, 99) / 1000)
-        finally:
-            up.terminate()
-            up.wait(30)
+    with up.private(a.binary, prefix=pre) as env:
+        port = int(env["STACCATO_GATEWAY"].rsplit(":", 1)[1])
+        for lang in a.langs:
+            subprocess.run(pre + [a.binary, "deploy", str(ROOT / "bench" / "functions" / lang)], env=env,
+                           check=True, stdout=subprocess.DEVNULL)
+        for caller in a.langs:
+            for callee in a.langs:
+                c, n = f"bench-caller-{caller}", f"bench-nop-{callee}"
+                invoke(port, c, f"{max(1, a.calls // 10)}:{n}".encode())  # warm-up
+                raw = invoke(port, c, f"{a.calls}:{n}".encode())
+                v = sorted(struct.unpack(f"<{len(raw) // 4}I", raw))
+                out[(caller, callee)] = (pct(v, 50) / 1000, pct(v, 99) / 1000)
     return out
 
 
