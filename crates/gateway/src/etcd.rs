@@ -180,6 +180,16 @@ impl Etcd {
     fn txn(&self, ops: Vec<Value>) -> Result<Value, StoreError> {
         self.call("/v3/kv/txn", &json!({ "success": ops }))
     }
+
+    /// A transaction that may delete among what [`Meta::revision`] watches,
+    /// with a write of `changed/` appended (its answers keep their places):
+    /// a delete alone can put the watched keys back as they were before an
+    /// earlier write (as many, the same newest), and a gateway that read
+    /// the store before both would take it for unchanged.
+    fn change(&self, mut ops: Vec<Value>) -> Result<Value, StoreError> {
+        ops.push(put_op(&self.key("changed", ""), b""));
+        self.txn(ops)
+    }
 }
 
 fn put_op(key: &str, value: &[u8]) -> Value {
@@ -210,7 +220,7 @@ impl Meta for Etcd {
             )),
             None => ops.push(delete_op(&self.key("placements", name))),
         }
-        self.txn(ops).map(|_| ())
+        self.change(ops).map(|_| ())
     }
 
     fn set_placed(&self, name: &str, placed: &[String]) -> Result<(), StoreError> {
@@ -228,7 +238,7 @@ impl Meta for Etcd {
     }
 
     fn remove(&self, name: &str) -> Result<bool, StoreError> {
-        let v = self.txn(vec![
+        let v = self.change(vec![
             delete_op(&self.key("functions", name)),
             delete_op(&self.key("stored_at", name)),
             delete_op(&self.key("placements", name)),
@@ -292,7 +302,7 @@ impl Meta for Etcd {
     }
 
     fn remove_key(&self, name: &str, id: &str) -> Result<bool, StoreError> {
-        let v = self.txn(vec![delete_op(&self.key("keys", &format!("{name}/{id}")))])?;
+        let v = self.change(vec![delete_op(&self.key("keys", &format!("{name}/{id}")))])?;
         let deleted = &v["responses"][0]["response_delete_range"]["deleted"];
         Ok(deleted.as_str().and_then(|d| d.parse::<u64>().ok()).or(deleted.as_u64()).unwrap_or(0) > 0)
     }
@@ -330,7 +340,7 @@ impl Meta for Etcd {
     }
 
     fn remove_secret(&self, name: &str) -> Result<bool, StoreError> {
-        let v = self.txn(vec![delete_op(&self.key("secrets", name))])?;
+        let v = self.change(vec![delete_op(&self.key("secrets", name))])?;
         let deleted = &v["responses"][0]["response_delete_range"]["deleted"];
         Ok(deleted.as_str().and_then(|d| d.parse::<u64>().ok()).or(deleted.as_u64()).unwrap_or(0) > 0)
     }
@@ -345,9 +355,10 @@ impl Meta for Etcd {
 
     /// What changes when functions, placements, keys or secrets do: the
     /// newest modification revision among their keys and how many there
-    /// are (a removal lowers the count; a write raises the newest). The
-    /// asynchronous calls (beyond `~`) are left out: they change all the
-    /// time and no gateway needs to reread the functions for them.
+    /// are (every write raises the newest; a delete comes with a write,
+    /// `Etcd::change`). The asynchronous calls (beyond `~`) are left out:
+    /// they change all the time and no gateway needs to reread the
+    /// functions for them.
     fn revision(&self) -> Result<Option<u64>, StoreError> {
         let end = format!("{}~", self.prefix);
         let v = self.call(
@@ -477,7 +488,7 @@ impl Meta for Etcd {
     fn remove_archive(&self, digest: &str) -> Result<(), StoreError> {
         let hex = &digest[7..];
         let chunks = self.key("chunks", &format!("{hex}/"));
-        self.txn(vec![
+        self.change(vec![
             delete_op(&self.key("archives", hex)),
             json!({ "request_delete_range": { "key": b64(&chunks), "range_end": b64(prefix_end(&chunks)) } }),
         ])
