@@ -316,6 +316,20 @@ def test_a_client_that_leaves_mid_call_costs_no_one_else(srv):
         assert c.closed_within(5)
 
 
+def test_a_request_and_the_end_of_file_sent_together_are_answered_and_closed_at_once(srv):
+    """The engine stops reading a socket at a short read (edge-triggered:
+    later bytes report again), but an end of file that came with the
+    request reports no more: it must be read then, or the connection would
+    wait for the idle timeout (2 s here) instead of closing."""
+    for i in range(20):
+        with Conn(srv.port) as c:
+            c.send(call("echo", f"eof-{i}".encode()))
+            c.s.shutdown(socket.SHUT_WR)
+            status, _, body = c.response()
+            assert (status, body) == (200, f"eof-{i}".encode())
+            assert c.closed_within(1), f"round {i}: still open a second after the answer"
+
+
 def test_the_gateway_front_door_is_still_there(tmp_path):
     fn = tmp_path / "fn"
     fn.mkdir()
