@@ -15,24 +15,16 @@ settings (containers when it can make them), and stops it at the end."""
 import argparse
 import concurrent.futures as cf
 import http.client
-import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import up
+
 ROOT = Path(__file__).resolve().parent.parent
 FN = ROOT / "bench" / "functions" / "burst"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def call(port, ms):
@@ -82,56 +74,42 @@ def main():
     ap.add_argument("--ms", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STACCATO_")}
-    with tempfile.TemporaryDirectory() as state:
-        up = subprocess.Popen([a.binary, "up", "--listen", f"127.0.0.1:{port}", "--state-dir", state],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
-        try:
-            env["STACCATO_GATEWAY"] = f"http://127.0.0.1:{port}"
-            env["STACCATO_TOKEN"] = ""
-            for _ in range(200):
-                if (Path(state) / "token").exists():
-                    break
-                time.sleep(0.1)
-            env["STACCATO_TOKEN"] = (Path(state) / "token").read_text().strip()
-            cli = lambda *args: subprocess.run([a.binary, *args], env=env, capture_output=True, text=True, check=True)
-            rows = {}
-            for r in range(a.rounds):
-                for n in a.sizes:
-                    # Fresh: deployed just now, never called.
-                    subprocess.run([a.binary, "rm", "bench-burst"], env=env, capture_output=True)
-                    cli("deploy", str(FN))
-                    fresh = burst(port, n, a.ms)
-                    # With history: a trickle of single calls first.
-                    for _ in range(5):
-                        call(port, a.ms)
-                    warm = burst(port, n, a.ms)
-                    rows.setdefault(n, []).append((fresh, warm))
-                    print(f"round {r + 1}: {n:3d} calls: fresh {fresh * 1000:7.0f} ms, "
-                          f"after history {warm * 1000:7.0f} ms", file=sys.stderr, flush=True)
-            slow = []
-            for r in range(a.rounds):
+    with up.private(a.binary) as env:
+        port = int(env["STACCATO_GATEWAY"].rsplit(":", 1)[1])
+        cli = lambda *args: subprocess.run([a.binary, *args], env=env, capture_output=True, text=True, check=True)
+        rows = {}
+        for r in range(a.rounds):
+            for n in a.sizes:
+                # Fresh: deployed just now, never called.
                 subprocess.run([a.binary, "rm", "bench-burst"], env=env, capture_output=True)
                 cli("deploy", str(FN))
-                lat = slowdown(port, a.ms)
-                slow.append(lat)
-                print(f"round {r + 1}: calls turned slow: p50 {statistics.median(lat) * 1000:.0f} ms, "
-                      f"max {lat[-1] * 1000:.0f} ms", file=sys.stderr, flush=True)
-            print(f"\nburst of N calls of a {a.ms} ms function, makespan (median of {a.rounds}), and as a "
-                  f"multiple of one call:")
-            print("| N | fresh function | after a trickle of calls |")
-            print("|---:|---:|---:|")
-            for n, v in rows.items():
-                f = statistics.median(x[0] for x in v)
-                w = statistics.median(x[1] for x in v)
-                print(f"| {n} | {f * 1000:.0f} ms ({f * 1000 / a.ms:.2f}x) | {w * 1000:.0f} ms ({w * 1000 / a.ms:.2f}x) |")
-            p = lambda q: statistics.median(v[min(len(v) - 1, int(q * len(v)))] for v in slow) * 1000
-            print(f"\n10 calls/s of 1 ms turning into 10 calls/s of {a.ms} ms: the slow calls' latency "
-                  f"(median of {a.rounds} rounds): p50 {p(0.5):.0f} ms, p90 {p(0.9):.0f} ms, max {p(1.0):.0f} ms")
-        finally:
-            up.terminate()
-            up.wait(30)
+                fresh = burst(port, n, a.ms)
+                # With history: a trickle of single calls first.
+                for _ in range(5):
+                    call(port, a.ms)
+                warm = burst(port, n, a.ms)
+                rows.setdefault(n, []).append((fresh, warm))
+                print(f"round {r + 1}: {n:3d} calls: fresh {fresh * 1000:7.0f} ms, "
+                      f"after history {warm * 1000:7.0f} ms", file=sys.stderr, flush=True)
+        slow = []
+        for r in range(a.rounds):
+            subprocess.run([a.binary, "rm", "bench-burst"], env=env, capture_output=True)
+            cli("deploy", str(FN))
+            lat = slowdown(port, a.ms)
+            slow.append(lat)
+            print(f"round {r + 1}: calls turned slow: p50 {statistics.median(lat) * 1000:.0f} ms, "
+                  f"max {lat[-1] * 1000:.0f} ms", file=sys.stderr, flush=True)
+        print(f"\nburst of N calls of a {a.ms} ms function, makespan (median of {a.rounds}), and as a "
+              f"multiple of one call:")
+        print("| N | fresh function | after a trickle of calls |")
+        print("|---:|---:|---:|")
+        for n, v in rows.items():
+            f = statistics.median(x[0] for x in v)
+            w = statistics.median(x[1] for x in v)
+            print(f"| {n} | {f * 1000:.0f} ms ({f * 1000 / a.ms:.2f}x) | {w * 1000:.0f} ms ({w * 1000 / a.ms:.2f}x) |")
+        p = lambda q: statistics.median(v[min(len(v) - 1, int(q * len(v)))] for v in slow) * 1000
+        print(f"\n10 calls/s of 1 ms turning into 10 calls/s of {a.ms} ms: the slow calls' latency "
+              f"(median of {a.rounds} rounds): p50 {p(0.5):.0f} ms, p90 {p(0.9):.0f} ms, max {p(1.0):.0f} ms")
 
 
 if __name__ == "__main__":
