@@ -11,6 +11,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 
 import pytest
@@ -325,9 +326,34 @@ def test_a_request_and_the_end_of_file_sent_together_are_answered_and_closed_at_
         with Conn(srv.port) as c:
             c.send(call("echo", f"eof-{i}".encode()))
             c.s.shutdown(socket.SHUT_WR)
-            status, _, body = c.response()
+            status, h, body = c.response()
             assert (status, body) == (200, f"eof-{i}".encode())
+            assert by_engine(h["x-call-id"]), h
             assert c.closed_within(1), f"round {i}: still open a second after the answer"
+
+
+def test_the_end_of_file_of_a_client_read_while_its_reading_was_paused_is_seen(srv):
+    """More pipelined than the engine buffers (6 MiB of payload and a
+    head), then the end of file: reading pauses at the limit, the end of
+    file is reported meanwhile, and reading on later must still reach it.
+    The answers are small (the function fails), so no write of theirs
+    re-registers the socket, which would report the end of file again."""
+    # A call runs while the next 6 MiB and more arrive: reading pauses at
+    # the limit, and what is left over and the end of file wait in the
+    # socket meanwhile.
+    sizes = [1 << 20] * 7 + [128 << 10]
+    with Conn(srv.port) as c:
+        def send_all():
+            c.send(b"".join(call("fail", bytes([65 + i]) * size) for i, size in enumerate(sizes)))
+            c.s.shutdown(socket.SHUT_WR)
+        sender = threading.Thread(target=send_all)
+        sender.start()
+        got = [c.response() for _ in sizes]
+        sender.join()
+        for i, (status, h, body) in enumerate(got):
+            assert status == 500 and json.loads(body)["error"]["kind"] == "function_error", (i, status, body[:200])
+            assert by_engine(h["x-call-id"]), h
+        assert c.closed_within(1), "still open a second after the last answer"
 
 
 def test_the_gateway_front_door_is_still_there(tmp_path):

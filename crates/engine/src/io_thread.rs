@@ -68,6 +68,10 @@ pub(crate) struct HttpConn {
     /// The client sent all it will (end of file): close once what it
     /// sent is answered.
     eof: bool,
+    /// An event reported the client's end of file, which may not have
+    /// been read yet (reading was paused at its limit): read to it, past
+    /// any short read, since no later event will report it again.
+    hung_up: bool,
     /// Its place among the gateway's connections.
     _slot: Box<dyn Send>,
 }
@@ -157,7 +161,10 @@ impl IoThread {
                 match ev.token() {
                     WAKER => self.drain_mailbox(),
                     t => {
-                        self.on_ready(t, ev.is_readable() || ev.is_read_closed(), ev.is_writable(), ev.is_read_closed())
+                        // The peer's end of file, or a socket error: no
+                        // later event reports either again.
+                        let gone = ev.is_read_closed() || ev.is_error();
+                        self.on_ready(t, ev.is_readable() || gone, ev.is_writable(), gone)
                     }
                 }
             }
@@ -859,6 +866,7 @@ impl IoThread {
                 heard_ns: sys::clock::monotonic_ns(),
                 read_paused: false,
                 eof: false,
+                hung_up: false,
                 _slot: slot,
             };
             self.entries.insert(c, Entry::Http(conn));
@@ -867,9 +875,10 @@ impl IoThread {
 
     /// Reads what a client sent (up to `HTTP_READ_MAX` buffered), then
     /// serves it if no call of its is in flight. `hung_up`: the event
-    /// reported the client's end of file too (`drained`).
+    /// reported the client's end of file (or an error) too (`drained`).
     fn read_http(&mut self, t: Token, hung_up: bool) {
         let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return };
+        c.hung_up |= hung_up;
         let max = self.shared.cfg.payload_len_max + api::http::HEAD_MAX;
         let mut failed = false;
         let chunk = &mut self.scratch[..];
@@ -889,7 +898,7 @@ impl IoThread {
                 }
                 Ok(n) => {
                     c.rbuf.extend_from_slice(&chunk[..n]);
-                    if drained(n, want, hung_up) {
+                    if drained(n, want, c.hung_up) {
                         break;
                     }
                 }
@@ -1327,18 +1336,18 @@ impl IoThread {
     }
 }
 
-/// Writes what `wbuf` holds until the socket would block, keeping the
-/// rest; an error means the connection is broken.
 /// Whether a socket read of `n` bytes out of `want` left nothing to read:
 /// registrations are edge-triggered, and a short read of a stream socket
 /// took all it held, so bytes arriving later report again (one `read`
 /// fewer per request than reading on to `WouldBlock`). Unless the event
-/// also reported the peer's end of file (`hung_up`): no later event
-/// would, so read on to it.
+/// also reported the peer's end of file or an error (`hung_up`): no later
+/// event would, so read on to it.
 fn drained(n: usize, want: usize, hung_up: bool) -> bool {
     n < want && !hung_up
 }
 
+/// Writes what `wbuf` holds until the socket would block, keeping the
+/// rest; an error means the connection is broken.
 fn write_out(stream: &mut impl Write, wbuf: &mut Vec<u8>) -> io::Result<()> {
     let mut written = 0;
     let mut result = Ok(());

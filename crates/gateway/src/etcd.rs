@@ -14,6 +14,9 @@
 //!   requests over 1.5 MiB). The chunks are written first and the archive
 //!   key last, so an archive that is listed is whole; its digest is checked
 //!   again whenever it is read.
+//! - `changed/`: written with every transaction that deletes among the
+//!   keys above (`Etcd::change`), so that [`Meta::revision`] sees each
+//!   change.
 //!
 //! Every failure to reach etcd is `StoreError::Unavailable`: the gateway
 //! answers management calls 503 `store_unavailable` instead of acting on
