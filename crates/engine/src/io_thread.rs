@@ -68,9 +68,9 @@ pub(crate) struct HttpConn {
     /// The client sent all it will (end of file): close once what it
     /// sent is answered.
     eof: bool,
-    /// An event reported the client's end of file, which may not have
-    /// been read yet (reading was paused at its limit): read to it, past
-    /// any short read, since no later event will report it again.
+    /// An event reported the client's end of file (or an error), which
+    /// may not have been read yet (reading was paused at its limit): read
+    /// to it, past any short read, since no later event reports it again.
     hung_up: bool,
     /// Its place among the gateway's connections.
     _slot: Box<dyn Send>,
