@@ -15,7 +15,7 @@ from harness import FUNCS, check_error, own_server, request, send_too_large, wai
 PY = FUNCS / "async" / "py"
 
 
-def manifest(root, record_to):
+def manifest(root, record_to, record_delay_ms=0):
     m = root / "async.yml"
     m.write_text(f"""
 functions:
@@ -24,7 +24,7 @@ functions:
     source: {PY}
     handler: record:handle
     max_workers: 4
-    env: {{ RECORD_TO: {record_to} }}
+    env: {{ RECORD_TO: {record_to}, RECORD_DELAY_MS: "{record_delay_ms}" }}
     async: {{ queue: 20000 }}
   crash:
     runtime: python
@@ -325,11 +325,15 @@ def test_calls_survive_a_restart_and_none_runs_twice(tmp_path, stop):
     record_to = tmp_path / "record.log"
     srv = own_server(tmp_path / "srv", extra=["--isolation", "process"])
     with srv as s:
-        s.deploy(manifest(tmp_path, record_to))
+        # 3 ms a call on 4 workers: the first half takes longer to run
+        # (375 ms for SIGKILL's 500) than to post, so the stop comes while
+        # calls still run.
+        s.deploy(manifest(tmp_path, record_to, record_delay_ms=3))
         inputs = [f"c{i}".encode() for i in range(n)]
         first = _post_many(s.port, "record", inputs[: n // 2])
         # Stop while calls run.
-        assert wait_for(lambda: record_to.exists() and record_to.read_text().count("\n") >= n // 10, 60)
+        assert wait_for(lambda: record_to.exists() and record_to.read_text().count("\n") >= n // 10, 60,
+                        interval=0.01)
         s.stop(getattr(signal, f"SIG{stop}"))
         ran_before = record_to.read_text().count("\n")
         assert ran_before < n // 2, "every call had run before the stop: it proves nothing"
