@@ -26,6 +26,7 @@ test: setup lint
 	$(MAKE) -s -C runtimes/c test
 	$(MAKE) -s -C runtimes/cpp test
 	python3 -m pytest -q runtimes/python/tests
+	STACCATO_PY_PURE=1 python3 -m pytest -q runtimes/python/tests
 	python3 -m pytest -q tools/staccato_analyzer/tests
 	node --test runtimes/node/test/
 	cd runtimes/go && go test ./...

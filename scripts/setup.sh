@@ -77,6 +77,16 @@ echo "==> building the Rust workspace (release)"
 cargo build --release --quiet
 echo "==> building the C runtime"
 make -s -C runtimes/c
+# The Python runtime's hot path in C, for the python3 the engine runs
+# (runtimes/python/staccato/_fast.c); without it the runtime is pure Python.
+py_ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+py_inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+py_fast=runtimes/python/staccato/_fast$py_ext
+if [ runtimes/python/staccato/_fast.c -nt "$py_fast" ]; then
+  cc -O2 -g -std=c11 -Wall -Wextra -Werror -Wno-missing-field-initializers -shared -fPIC -I"$py_inc" \
+     -o "$py_fast" runtimes/python/staccato/_fast.c \
+    || { rm -f "$py_fast"; echo "warning: staccato._fast not built; Python functions use the pure-Python runtime"; }
+fi
 mkdir -p runtimes/container/build
 if [ runtimes/container/init.c -nt runtimes/container/build/staccato-init ]; then
   cc -O2 -Wall -Wextra -static -o runtimes/container/build/staccato-init runtimes/container/init.c

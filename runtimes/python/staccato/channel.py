@@ -7,6 +7,11 @@ launcher serves channel 0 and each forked worker process its own channel.
 Each channel reads whole 1024-byte messages from its ``e2w`` FIFO via
 ``loop.add_reader`` and writes messages to its ``w2e`` FIFO with plain
 ``os.write``.
+
+When ``staccato._fast`` was built (wire.FAST), a worker channel's reader is
+its ``Reader``: it handles inline Dispatches and Completions in C and hands
+every other message to ``_on_raw`` here, which is what the Python reader
+does with each message.
 """
 import abc
 import asyncio
@@ -21,7 +26,7 @@ from time import thread_time_ns
 from . import wire
 from .context import Context
 from .errors import ERROR_NAMES, CallError, ErrorKind
-from .wire import (COMPLETION, DISPATCH, FAILURE, INLINE_MAX, INVOKE, MESSAGE_LEN,
+from .wire import (COMPLETION, DISPATCH, FAILURE, FAST, INLINE_MAX, INVOKE, MESSAGE_LEN,
                    PAYLOAD_IN_SHM, STOP_WORKER, WireError, decode, pack)
 
 log = logging.getLogger("staccato.runtime")
@@ -118,31 +123,43 @@ class Channel(abc.ABC):
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
-            self.on_eof(f"read error: {e}")
+            self._on_read_failed(e.errno)
             return
         if n == 0:
-            if have:
-                log.warning("channel %d: EOF after a partial message (%d bytes)", self.worker_id, have)
-            self.on_eof("end of file on e2w")
+            self._on_eof_read(have)
             return
         end = have + n
         off = 0
         view = self._view
         # A read may return several messages, or (defensively) part of one.
         while end - off >= MESSAGE_LEN:
-            try:
-                msg = decode(view[off:off + MESSAGE_LEN])
-            except WireError as e:
-                log.error("channel %d: dropping invalid message: %s", self.worker_id, e)
-            else:
-                self.on_message(msg)
-                if self.closed:
-                    return
+            self._on_raw(view[off:off + MESSAGE_LEN])
+            if self.closed:
+                return
             off += MESSAGE_LEN
         rest = end - off
         if rest and off:
             self._buf[:rest] = self._buf[off:end]
         self._have = rest
+
+    # The reader's steps; _fast.Reader calls them too.
+
+    def _on_raw(self, raw):
+        """Handles one whole message as read (1024 bytes)."""
+        try:
+            msg = decode(raw)
+        except WireError as e:
+            log.error("channel %d: dropping invalid message: %s", self.worker_id, e)
+            return
+        self.on_message(msg)
+
+    def _on_eof_read(self, have):
+        if have:
+            log.warning("channel %d: EOF after a partial message (%d bytes)", self.worker_id, have)
+        self.on_eof("end of file on e2w")
+
+    def _on_read_failed(self, code):
+        self.on_eof(f"read error: {OSError(code, os.strerror(code))}")
 
     @abc.abstractmethod
     def on_message(self, msg):
@@ -215,6 +232,17 @@ class WorkerChannel(Channel):
         self._pending = {}      # call_id -> Future of an Invoke in flight
         self._running = {}      # call_id -> Task of a running async handler
         self._cpu = None        # (call_id, µs): the CPU time for that call's reply
+        self._reader = None     # the _fast.Reader serving e2w, if any
+
+    def start(self):
+        if FAST is None:
+            super().start()
+            return
+        runtime = self.runtime
+        # It shares _pending (never replaced) and the fds with this channel.
+        self._reader = FAST.Reader(self, self._pending, runtime.handler, runtime.handler_is_async,
+                                   Context, self.rfd, self.wfd, self.worker_id)
+        self.loop.add_reader(self.rfd, self._reader)
 
     def on_message(self, msg):
         kind = msg.kind
@@ -370,6 +398,11 @@ class WorkerChannel(Channel):
         name_len = len(name)
         n = len(data)
         if name_len + n <= INLINE_MAX:
+            reader = self._reader
+            if reader is not None:
+                fut = self.loop.create_future()
+                reader.invoke(call_id, parent_call_id, deadline_us, name, data, fut)
+                return call_id, fut
             msg = pack(INVOKE, 0, name_len + n, call_id, parent_call_id, self.worker_id,
                        name_len, 0, deadline_us, _now_ns(), 0, name + data)
         else:
@@ -390,9 +423,6 @@ class WorkerChannel(Channel):
         self.send(msg)
         return call_id, fut
 
-    def forget_call(self, call_id):
-        self._pending.pop(call_id, None)
-
     def _on_reply(self, msg):
         fut = self._pending.pop(msg.call_id, None)
         try:
@@ -411,8 +441,12 @@ class WorkerChannel(Channel):
                                         payload.decode("utf-8", "replace")))
 
     def on_closed(self, reason):
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
+        # The reader (and the cycle through it) goes; _pending stays the
+        # same dict, which the reader shared.
+        self._reader = None
+        pending = list(self._pending.values())
+        self._pending.clear()
+        for fut in pending:
             if not fut.done():
                 fut.set_exception(CallError("engine_unavailable",
                                             f"worker channel {self.worker_id} closed: {reason}"))

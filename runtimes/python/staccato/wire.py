@@ -130,6 +130,25 @@ def pack(kind, flags, payload_len, call_id, parent_call_id, worker_id, name_len,
                  _RESERVED) + inline + _ZEROS[n:]
 
 
+def _fast_module():
+    """staccato._fast (the hot path in C, built by scripts/setup.sh), or None
+    when it was not built for this interpreter or STACCATO_PY_PURE is set."""
+    import os
+    if os.environ.get("STACCATO_PY_PURE"):
+        return None
+    try:
+        from . import _fast
+    except ImportError:
+        return None
+    _fast.init(WireError)
+    return _fast
+
+
+FAST = _fast_module()
+if FAST is not None:
+    pack = FAST.pack  # noqa: F811  same arguments, same bytes, same errors
+
+
 def encode(msg):
     """Encodes ``msg`` into exactly MESSAGE_LEN bytes."""
     return pack(msg.kind, msg.flags, msg.payload_len, msg.call_id, msg.parent_call_id,
