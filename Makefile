@@ -25,7 +25,7 @@ test: setup lint
 	cargo test --profile ci --workspace
 	$(MAKE) -s -C runtimes/c test
 	$(MAKE) -s -C runtimes/cpp test
-	python3 -m pytest -q runtimes/python/tests
+	STACCATO_REQUIRE_FAST=1 python3 -m pytest -q runtimes/python/tests
 	STACCATO_PY_PURE=1 python3 -m pytest -q runtimes/python/tests
 	python3 -m pytest -q tools/staccato_analyzer/tests
 	node --test runtimes/node/test/

@@ -26,6 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#if PY_VERSION_HEX < 0x030A0000
+#error "staccato._fast needs Python 3.10 or later (the runtime works without it)"
+#endif
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the wire format is little-endian and this module copies it as is"
 #endif
@@ -275,11 +278,17 @@ static int call_channel(Reader *r, PyObject *name, PyObject *const *args, size_t
  * else (a backlog, EAGAIN, an error) is the Python send()'s to handle. */
 static int send_message(Reader *r, const char *msg)
 {
+    /* A closed channel's fd numbers may already name another channel's. */
+    int closed = channel_closed(r);
+    if (closed)
+        return closed < 0 ? -1 : 0;
     PyObject *backlog = PyObject_GetAttr(r->channel, s_backlog);
     if (!backlog)
         return -1;
-    int queued = backlog != Py_None && PyObject_IsTrue(backlog);
+    int queued = backlog == Py_None ? 0 : PyObject_IsTrue(backlog);
     Py_DECREF(backlog);
+    if (queued < 0)
+        return -1;
     if (!queued) {
         ssize_t n = write(r->wfd, msg, MESSAGE_LEN);
         if (n == MESSAGE_LEN)
@@ -343,10 +352,9 @@ static int on_dispatch(Reader *r, const struct header *h, const char *inline_)
     if (!data)
         goto out;
     PyObject *cargs[5] = {r->channel, NULL, NULL, NULL, trace};
-    cargs[1] = PyLong_FromUnsignedLongLong(h->call_id);
-    cargs[2] = PyLong_FromUnsignedLongLong(h->parent_call_id);
-    cargs[3] = PyLong_FromUnsignedLongLong(h->deadline_us);
-    if (cargs[1] && cargs[2] && cargs[3])
+    if ((cargs[1] = PyLong_FromUnsignedLongLong(h->call_id)) &&
+        (cargs[2] = PyLong_FromUnsignedLongLong(h->parent_call_id)) &&
+        (cargs[3] = PyLong_FromUnsignedLongLong(h->deadline_us)))
         ctx = PyObject_Vectorcall(r->context_type, cargs, 5, NULL);
     Py_XDECREF(cargs[1]);
     Py_XDECREF(cargs[2]);
@@ -363,19 +371,23 @@ static int on_dispatch(Reader *r, const struct header *h, const char *inline_)
         cpu_us = 0xFFFFFFFFu;
 
     if (!result) {
-        /* What the Python path catches: Exception and SystemExit fail this
-         * call; anything else (KeyboardInterrupt) goes on up. */
-        if (!PyErr_ExceptionMatches(PyExc_Exception) && !PyErr_ExceptionMatches(PyExc_SystemExit))
+        /* As in the Python path: anything but KeyboardInterrupt (which
+         * goes on up) fails this call only. */
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
             goto out;
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         PyErr_NormalizeException(&type, &value, &tb);
-        if (tb)
-            PyException_SetTraceback(value, tb);
+        if (tb && value && PyException_SetTraceback(value, tb) < 0)
+            PyErr_Clear(); /* the failure is reported without its traceback */
         Py_XDECREF(type);
         Py_XDECREF(tb);
-        if (!value || (measure && set_cpu(r, h->call_id, cpu_us) < 0)) {
-            Py_XDECREF(value);
+        if (!value) {
+            PyErr_SetString(PyExc_SystemError, "the handler's exception could not be normalized");
+            goto out;
+        }
+        if (measure && set_cpu(r, h->call_id, cpu_us) < 0) {
+            Py_DECREF(value);
             goto out;
         }
         PyObject *a[2] = {ctx, value};
@@ -399,14 +411,18 @@ static int on_dispatch(Reader *r, const struct header *h, const char *inline_)
         char msg[MESSAGE_LEN];
         fill(msg, &c, PyBytes_AS_STRING(out), PyBytes_GET_SIZE(out));
         Py_DECREF(out);
-        int closed = channel_closed(r);
-        if (closed < 0)
-            goto out;
-        rc = closed ? 0 : send_message(r, msg);
+        rc = send_message(r, msg);
         goto out;
     }
     /* A def returning a coroutine, or a result send_result must judge. */
-    int awaitable = PyObject_HasAttr(result, s_await);
+    PyObject *await_ = PyObject_GetAttr(result, s_await);
+    int awaitable = await_ != NULL;
+    Py_XDECREF(await_);
+    if (!awaitable) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            goto out; /* hasattr() lets only AttributeError pass */
+        PyErr_Clear();
+    }
     PyObject *a[2] = {ctx, result};
     if (awaitable) {
         rc = call_channel(r, s_spawn, a, 2);
@@ -503,6 +519,8 @@ static PyMethodDef reader_methods[] = {
 
 /* reader() — the loop's add_reader callback: reads what e2w holds and
  * handles each whole message. */
+static PyObject *reader_read(Reader *r);
+
 static PyObject *reader_call(Reader *r, PyObject *args, PyObject *kw)
 {
     (void)args;
@@ -511,6 +529,16 @@ static PyObject *reader_call(Reader *r, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_RuntimeError, "reader is not initialized");
         return NULL;
     }
+    /* Python code run from here (a StopWorker closing the channel) may
+     * drop every other reference to this reader. */
+    Py_INCREF(r);
+    PyObject *res = reader_read(r);
+    Py_DECREF(r);
+    return res;
+}
+
+static PyObject *reader_read(Reader *r)
+{
     ssize_t n = read(r->rfd, r->buf + r->have, (size_t)(READ_BUF - r->have));
     if (n < 0) {
         if (errno == EAGAIN || errno == EINTR)
@@ -543,13 +571,22 @@ static PyObject *reader_call(Reader *r, PyObject *args, PyObject *kw)
             rc = raw ? call_channel(r, s_slow, &raw, 1) : -1;
             Py_XDECREF(raw);
         }
-        int closed = rc < 0 ? -1 : channel_closed(r);
+        if (rc < 0) {
+            if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt))
+                break; /* the process is going down: raise it */
+            /* A fault while handling this message (one Python's own
+             * reader would have let escape to the loop): report it in the
+             * function's log and go on with the messages after it, which
+             * no new event would come for. */
+            PyErr_WriteUnraisable(r->channel);
+        }
+        int closed = channel_closed(r);
         if (closed > 0) {
             r->have = 0; /* the fds are gone: what is left goes with them */
             Py_RETURN_NONE;
         }
         if (closed < 0)
-            break; /* raise it, keeping the messages after this one */
+            break;
     }
     Py_ssize_t rest = end - off;
     if (rest && off)

@@ -242,6 +242,7 @@ class WorkerChannel(Channel):
         # It shares _pending (never replaced) and the fds with this channel.
         self._reader = FAST.Reader(self, self._pending, runtime.handler, runtime.handler_is_async,
                                    Context, self.rfd, self.wfd, self.worker_id)
+        self._buf = self._view = None  # the reader has its own
         self.loop.add_reader(self.rfd, self._reader)
 
     def on_message(self, msg):
@@ -276,7 +277,14 @@ class WorkerChannel(Channel):
                       msg.inline[:msg.name_len] if msg.name_len else None)
         runtime = self.runtime
         if runtime.handler_is_async:
-            self._spawn(ctx, runtime.handler(ctx, data))
+            try:
+                coro = runtime.handler(ctx, data)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # e.g. a TypeError: the wrong signature
+                self._handler_failed(ctx, e)
+                return
+            self._spawn(ctx, coro)
             return
         # A plain def runs right here, on the loop thread: its CPU time is
         # the thread's while it runs (when the engine asks for it).
@@ -284,7 +292,9 @@ class WorkerChannel(Channel):
         c0 = thread_time_ns() if measure else 0
         try:
             result = runtime.handler(ctx, data)
-        except (Exception, SystemExit) as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # SystemExit, a CancelledError too: this call fails
             if measure:
                 self._cpu = (call_id, (thread_time_ns() - c0) // 1000)
             self._handler_failed(ctx, e)
@@ -339,7 +349,12 @@ class WorkerChannel(Channel):
             if result is None:
                 result = b""
             elif isinstance(result, str):
-                result = result.encode("utf-8")
+                try:
+                    result = result.encode("utf-8")
+                except UnicodeEncodeError as e:  # a lone surrogate
+                    self.send_failure(ctx.call_id, ctx.parent_call_id, _FUNCTION_ERROR,
+                                      f"UnicodeEncodeError: the handler returned a str that is not valid UTF-8: {e}")
+                    return
             elif isinstance(result, (bytearray, memoryview)):
                 result = bytes(result)
             else:
@@ -422,6 +437,9 @@ class WorkerChannel(Channel):
         self._pending[call_id] = fut
         self.send(msg)
         return call_id, fut
+
+    def forget_call(self, call_id):
+        self._pending.pop(call_id, None)
 
     def _on_reply(self, msg):
         fut = self._pending.pop(msg.call_id, None)

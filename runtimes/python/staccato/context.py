@@ -83,26 +83,26 @@ class Context:
                                                "call_id": self.call_id})
         return self._logger
 
-    def call(self, name, data=b""):
-        """Calls function ``name`` with ``data``: ``await`` it for the output bytes.
+    async def call(self, name, data=b""):
+        """Calls function ``name`` with ``data``; returns its output bytes.
 
         Raises staccato.CallError(kind, message) when the call fails, ValueError for an
         invalid name. Several calls may be in flight at once (asyncio.gather).
-
-        It is a plain function returning the call's future, not a coroutine:
-        the call is sent at once, and a wrapper coroutine would cost about a
-        microsecond per call. So an error found before sending (an invalid
-        name, an input over the limit, a closed channel) is raised here,
-        which, written ``await ctx.call(...)``, is where it was always seen.
-        A cancelled await leaves the future in the channel's table until the
-        reply (or the channel's end) removes it.
         """
         name_b = name.encode("utf-8")
         if not 1 <= len(name_b) <= NAME_MAX:
             raise ValueError(f"function name must be 1..{NAME_MAX} UTF-8 bytes, got {len(name_b)}")
         if type(data) is not bytes:
             data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        return self._channel.start_call(name_b, data, self.call_id, self.deadline_us)[1]
+        channel = self._channel
+        call_id, fut = channel.start_call(name_b, data, self.call_id, self.deadline_us)
+        # The reply takes the future out of the channel's table; a call
+        # given up on takes it out here (a try costs nothing until it raises).
+        try:
+            return await fut
+        except BaseException:
+            channel.forget_call(call_id)
+            raise
 
 
 __all__ = ["Context"]

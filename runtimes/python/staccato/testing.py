@@ -70,6 +70,9 @@ class _Channel:
         fut = self._loop.create_task(self._calls._answer(name_b.decode("utf-8"), data))
         return call_id, fut
 
+    def forget_call(self, call_id):
+        pass
+
 
 def _as_bytes(result, what):
     if result is None:

@@ -132,9 +132,10 @@ def pack(kind, flags, payload_len, call_id, parent_call_id, worker_id, name_len,
 
 def _fast_module():
     """staccato._fast (the hot path in C, built by scripts/setup.sh), or None
-    when it was not built for this interpreter or STACCATO_PY_PURE is set."""
+    when it was not built for this interpreter or STACCATO_PY_PURE is set
+    (to anything but empty or 0)."""
     import os
-    if os.environ.get("STACCATO_PY_PURE"):
+    if os.environ.get("STACCATO_PY_PURE", "") not in ("", "0"):
         return None
     try:
         from . import _fast
@@ -146,7 +147,9 @@ def _fast_module():
 
 FAST = _fast_module()
 if FAST is not None:
-    pack = FAST.pack  # noqa: F811  same arguments, same bytes, same errors
+    # Same arguments and bytes; a field out of range raises OverflowError
+    # where struct raises struct.error (the runtime never passes one).
+    pack = FAST.pack  # noqa: F811
 
 
 def encode(msg):

@@ -2,10 +2,12 @@
 live engine cannot force reliably (partial reads, a full w2e pipe)."""
 import asyncio
 import os
+import time
 
 import pytest
 
 from staccato import CallError, wire
+from staccato.errors import ErrorKind
 from staccato.channel import WorkerChannel
 from staccato.launcher import Runtime
 from staccato.wire import pack
@@ -151,3 +153,90 @@ def test_close_fails_pending_calls(harness):
     assert h.run(scenario()) == "engine_unavailable"
     assert seen == ["engine_unavailable"]
     assert 1 not in h.runtime.workers
+
+
+async def recv_n(h, n):
+    return [await h.recv() for _ in range(n)]
+
+
+def dispatch(i, data=b""):
+    return pack(wire.DISPATCH, 0, len(data), GATEWAY | i, 0, 1, 0, 0, 0, 0, 0, data)
+
+
+def test_an_async_handler_that_raises_when_called_fails_its_call_only(harness):
+    async def one_argument(ctx):  # the engine calls it with two: TypeError
+        return b""
+
+    h = harness(one_argument)
+    os.write(h.e2w_w, dispatch(1) + dispatch(2))
+    outs = h.run(recv_n(h, 2))
+    for i, m in enumerate(outs, 1):
+        assert (m.kind, m.call_id, m.error_kind) == (wire.FAILURE, GATEWAY | i, int(ErrorKind.function_error))
+        assert m.inline.startswith(b"TypeError"), m.inline
+
+
+def test_a_str_result_that_is_not_utf8_fails_its_call(harness):
+    def lone_surrogate(ctx, data):
+        return "\ud800" if data == b"bad" else "fine"
+
+    h = harness(lone_surrogate)
+    os.write(h.e2w_w, dispatch(1, b"bad") + dispatch(2, b"ok"))
+    bad, ok = h.run(recv_n(h, 2))
+    assert (bad.kind, bad.error_kind) == (wire.FAILURE, int(ErrorKind.function_error))
+    assert b"not valid UTF-8" in bad.inline, bad.inline
+    assert (ok.kind, ok.inline) == (wire.COMPLETION, b"fine")
+
+
+def test_a_plain_handler_raising_a_base_exception_fails_its_call_and_the_next_is_served(harness):
+    def cancels(ctx, data):
+        if data == b"cancel":
+            raise asyncio.CancelledError()
+        return data
+
+    h = harness(cancels)
+    # Both in one read: the second must not wait for another event.
+    os.write(h.e2w_w, dispatch(1, b"cancel") + dispatch(2, b"after"))
+    first, second = h.run(recv_n(h, 2))
+    assert (first.kind, first.error_kind, first.inline) == (wire.FAILURE, int(ErrorKind.function_error), b"CancelledError")
+    assert (second.kind, second.call_id, second.inline) == (wire.COMPLETION, GATEWAY | 2, b"after")
+
+
+def test_a_call_given_up_on_leaves_the_table_and_its_late_reply_is_dropped(harness):
+    async def impatient(ctx, data):
+        if data == b"quick":
+            return b"quick"
+        try:
+            await asyncio.wait_for(ctx.call("slow"), 0.05)
+        except asyncio.TimeoutError:
+            pass
+        return b"%d" % len(ctx._channel._pending)
+
+    h = harness(impatient)
+
+    async def scenario():
+        os.write(h.e2w_w, dispatch(1))
+        inv = await h.recv()
+        assert inv.kind == wire.INVOKE
+        done = await h.recv()
+        # The reply after the caller gave up: nobody waits, nothing breaks.
+        os.write(h.e2w_w, pack(wire.COMPLETION, 0, 4, inv.call_id, 0, 1, 0, 0, 0, 0, 0, b"late"))
+        os.write(h.e2w_w, dispatch(2, b"quick"))
+        return done, await h.recv()
+
+    done, again = h.run(scenario())
+    assert (done.kind, done.inline) == (wire.COMPLETION, b"0")
+    assert (again.kind, again.call_id, again.inline) == (wire.COMPLETION, GATEWAY | 2, b"quick")
+
+
+def test_the_cpu_time_asked_for_comes_back_with_the_reply(harness):
+    def spins(ctx, data):
+        t = time.thread_time()
+        while time.thread_time() - t < 0.002:
+            pass
+        return b"x"
+
+    h = harness(spins)
+    os.write(h.e2w_w, pack(wire.DISPATCH, wire.CPU_TIME, 0, GATEWAY | 1, 0, 1, 0, 0, 0, 0, 0, b""))
+    m = h.run(h.recv())
+    assert (m.kind, m.inline) == (wire.COMPLETION, b"x")
+    assert m.flags & wire.CPU_TIME and 2000 <= m.aux < 1_000_000, (m.flags, m.aux)

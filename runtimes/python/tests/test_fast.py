@@ -21,6 +21,9 @@ BUILT = (PYTHON_RUNTIME / "staccato" / ("_fast" + sysconfig.get_config_var("EXT_
 PURE = bool(os.environ.get("STACCATO_PY_PURE"))
 VECTORS = json.loads((REPO / "testvectors" / "message_v1.json").read_text())["tests"]
 
+if not BUILT and os.environ.get("STACCATO_REQUIRE_FAST"):
+    raise RuntimeError("STACCATO_REQUIRE_FAST is set (make test) but staccato._fast was not built: "
+                       "run scripts/setup.sh and read its warning")
 pytestmark = pytest.mark.skipif(not BUILT, reason="staccato._fast was not built (scripts/setup.sh)")
 
 
