@@ -240,3 +240,52 @@ def test_the_cpu_time_asked_for_comes_back_with_the_reply(harness):
     m = h.run(h.recv())
     assert (m.kind, m.inline) == (wire.COMPLETION, b"x")
     assert m.flags & wire.CPU_TIME and 2000 <= m.aux < 1_000_000, (m.flags, m.aux)
+
+
+def test_random_messages_never_break_the_reader(harness, tmp_path):
+    # The engine's messages are checked before use: thousands of random
+    # headers (around every boundary the checks have) and payloads, some
+    # valid, then a valid Dispatch that must still be answered.
+    import random
+    import struct
+    rng = random.Random(99)
+    replies = []
+
+    def echo(ctx, data):
+        return data
+
+    h = harness(echo)
+
+    async def scenario():
+        for batch in range(100):
+            raw = b""
+            for _ in range(20):
+                # Every kind but StopWorker, which rightly closes the channel.
+                kind = rng.choice((0, 1, 2, 3, 5, 6, 7, 8, 9, 5, 6, 7))
+                flags = rng.choice((0, 0, 2, rng.randrange(0, 4)))
+                name_len = rng.choice((0, 0, 25, rng.randrange(0, 1000)))
+                payload_len = rng.choice((0, name_len, rng.randrange(0, 961), rng.randrange(0, 1 << 32)))
+                error_kind = rng.choice((0, 0, rng.randrange(0, 20)))
+                # Ids no call of this test uses: replies to them are dropped.
+                call_id = rng.choice((GATEWAY | rng.randrange(1 << 20, 1 << 30), rng.getrandbits(64)))
+                raw += struct.pack("<HHIQQIHHQQI12s", kind, flags, payload_len, call_id, 0, 1, name_len,
+                                   error_kind, 0, 0, 0, bytes(12)) + rng.randbytes(960)
+            os.write(h.e2w_w, raw)  # 20 KiB: the pipe has room once the last batch was read
+            await asyncio.sleep(0.002)
+            # Drain what the valid Dispatches among them were answered.
+            while True:
+                try:
+                    replies.append(os.read(h.w2e_r, 1 << 16))
+                except BlockingIOError:
+                    break
+        os.write(h.e2w_w, dispatch(7, b"still here"))
+        for _ in range(1000):
+            m = await h.recv()
+            if m.call_id == GATEWAY | 7:
+                return m
+        raise AssertionError("the last Dispatch was not answered")
+
+    m = h.run(scenario(), timeout=60)
+    assert (m.kind, m.inline) == (wire.COMPLETION, b"still here")
+    assert not h.channel.closed
+    assert replies, "no random Dispatch was valid: the test lost its power"
