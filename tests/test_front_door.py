@@ -425,3 +425,68 @@ def test_an_answer_reaches_a_client_that_closed_its_side_after_connection_close(
         got = [c.response() for _ in range(3)]
         assert [g[0] for g in got] == [200, 200, 200] and got[0][2] == b"1" and got[2][2] == b"3", got
         assert c.closed_within(5)
+
+
+FOLLOW_WHERE = '''import json, os
+
+
+def handle(ctx, data):
+    return json.dumps(sorted(os.sched_getaffinity(0)))
+'''
+FOLLOW_FAN = '''import json, os
+
+
+async def handle(ctx, data):
+    for _ in range(int(data)):
+        out = await ctx.call("where", b"")
+    return json.dumps({"me": sorted(os.sched_getaffinity(0)), "callee": json.loads(out)})
+'''
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two vCPUs")
+def test_a_python_functions_workers_follow_where_its_calls_come_from(tmp_path):
+    """A Python function's one process serves all its workers, read by one
+    I/O thread and pinned to its vCPU (packed placement). When nearly all
+    its calls come from another thread (clients on another vCPU, or a
+    caller function's channels read there), its workers move there: the
+    process reports its new affinity, and a Python caller and its Python
+    callee end up on one vCPU."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    saved = os.sched_getaffinity(0)
+    fn = tmp_path / "fn"
+    fn.mkdir()
+    (fn / "where.py").write_text(FOLLOW_WHERE)
+    (fn / "fan.py").write_text(FOLLOW_FAN)
+    (fn / "staccato.yml").write_text(
+        "functions:\n"
+        "  where:\n    runtime: python\n    handler: where:handle\n"
+        "  fan:\n    runtime: python\n    handler: fan:handle\n    timeout: 30s\n")
+
+    def calls_from(cpu, name, body, until, most):
+        """Calls from `cpu` until the answer satisfies `until`; the answers."""
+        os.sched_setaffinity(0, {cpu})
+        seen = []
+        with Conn(srv.port) as c:
+            for _ in range(most):
+                c.send(call(name, body))
+                status, _, got = c.response()
+                assert status == 200, got
+                seen.append(json.loads(got))
+                if until(seen[-1]):
+                    return seen
+        raise AssertionError(f"{name} from vCPU {cpu}: after {most} calls still {seen[-3:]}")
+
+    with own_server(tmp_path / "srv") as srv:
+        srv.deploy(fn)
+        try:
+            # Clients on one vCPU, then on the other: it follows both times
+            # (a move waits a second after the last one).
+            for cpu in (cpus[0], cpus[1]):
+                calls_from(cpu, "where", b"", lambda a, cpu=cpu: a == [cpu], 2000)
+                time.sleep(1.1)
+            # A caller called from the first vCPU, calling `where` (last
+            # moved to the second): both end up on the first.
+            calls_from(cpus[0], "fan", b"300", lambda a: a == {"me": [cpus[0]], "callee": [cpus[0]]}, 20)
+        finally:
+            os.sched_setaffinity(0, saved)
+        assert "its workers move there" in srv.log_tail(), "no move in the engine's log"

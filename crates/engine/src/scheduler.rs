@@ -90,6 +90,61 @@ pub struct Scheduler {
 /// start a worker for (`take_local_wanted`).
 pub const NO_THREAD: usize = usize::MAX;
 
+/// Where a function whose one process serves all its workers (Python,
+/// Node.js, Go: `Runtime::multiplexed`) has its calls submitted from. Its
+/// channels are all read by one I/O thread, and under packed placement the
+/// process runs on that thread's vCPU; when nearly all of a window's calls
+/// were submitted on another thread (its callers' channels or its clients'
+/// connections are read there), its workers move to that thread, so that a
+/// call and its reply stop crossing vCPUs (ARCHITECTURE.md, "Placement").
+#[derive(Debug, Default)]
+pub struct Follow {
+    /// Calls submitted on each I/O thread in the current window.
+    counts: Vec<u32>,
+    total: u32,
+    moved_ns: u64,
+    /// The I/O thread its new workers' channels go to, once it moved
+    /// (until then, its launcher's).
+    pub home: Option<usize>,
+}
+
+/// Calls per decision.
+pub const FOLLOW_WINDOW: u32 = 256;
+/// The share of a window one thread must have submitted for a move.
+pub const FOLLOW_SHARE_PCT: u32 = 90;
+/// Moves at most this often, so that callers split between threads cannot
+/// make it go back and forth.
+pub const FOLLOW_EVERY_NS: u64 = 1_000_000_000;
+
+impl Follow {
+    /// Counts a call submitted on I/O thread `cur` (of `threads`), whose
+    /// workers are now read by thread `home`. Returns the thread to move to
+    /// when a window ends with nearly all of it from one other thread.
+    pub fn note(&mut self, cur: usize, threads: usize, home: usize, now_ns: u64) -> Option<usize> {
+        if cur >= threads {
+            return None; // not submitted by an I/O thread (the supervisor)
+        }
+        if self.counts.len() < threads {
+            self.counts.resize(threads, 0);
+        }
+        self.counts[cur] += 1;
+        self.total += 1;
+        if self.total < FOLLOW_WINDOW {
+            return None;
+        }
+        let (best, n) = self.counts.iter().copied().enumerate().max_by_key(|&(_, n)| n).unwrap_or((home, 0));
+        self.counts.iter_mut().for_each(|c| *c = 0);
+        self.total = 0;
+        let recently = self.moved_ns != 0 && now_ns.saturating_sub(self.moved_ns) < FOLLOW_EVERY_NS;
+        if best == home || n * 100 < FOLLOW_SHARE_PCT * FOLLOW_WINDOW || recently {
+            return None;
+        }
+        self.moved_ns = now_ns.max(1);
+        self.home = Some(best);
+        Some(best)
+    }
+}
+
 /// What a worker's channel closing meant.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Removed {
@@ -446,6 +501,24 @@ impl Scheduler {
         out
     }
 
+    /// Stops the idle workers whose channels are read by another thread
+    /// than `owner` (the function's workers moved there: `Follow`); their
+    /// replacements start on `owner`. Busy ones go when they are idle.
+    pub fn retire_idle_not_of(&mut self, owner: usize) -> Vec<u32> {
+        let mut out = Vec::new();
+        let workers = &mut self.workers;
+        self.idle.retain(|id| match workers.get_mut(id) {
+            Some(w) if w.owner != owner => {
+                w.state = WorkerState::Stopping;
+                out.push(*id);
+                false
+            }
+            _ => true,
+        });
+        self.check();
+        out
+    }
+
     /// The queued nested calls (their callers hold workers of this function).
     pub fn nested_ids(&self) -> Vec<u64> {
         self.nested.iter().copied().collect()
@@ -494,6 +567,49 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    #[test]
+    fn follow_moves_to_the_thread_nearly_all_calls_come_from_and_not_back_at_once() {
+        let mut f = Follow::default();
+        let mut now = 5 * MS;
+        // A window from thread 1, the workers on thread 0: move.
+        let moves: Vec<_> = (0..FOLLOW_WINDOW).filter_map(|_| f.note(1, 2, 0, now)).collect();
+        assert_eq!(moves, vec![1]);
+        assert_eq!(f.home, Some(1));
+        // Back to thread 0 within a second: stays.
+        now += 100 * MS;
+        assert!((0..FOLLOW_WINDOW).all(|_| f.note(0, 2, 1, now).is_none()));
+        // Callers split 80/20 after the second: stays (below 90%).
+        now += 2_000 * MS;
+        for i in 0..FOLLOW_WINDOW {
+            assert_eq!(f.note(if i % 5 == 0 { 1 } else { 0 }, 2, 1, now), None);
+        }
+        // Calls from where it is already: stays; from the other: moves.
+        assert!((0..FOLLOW_WINDOW).all(|_| f.note(1, 2, 1, now).is_none()));
+        assert_eq!((0..FOLLOW_WINDOW).filter_map(|_| f.note(0, 2, 1, now)).collect::<Vec<_>>(), vec![0]);
+        // Not an I/O thread's: not counted.
+        assert!((0..2 * FOLLOW_WINDOW).all(|_| f.note(NO_THREAD, 2, 0, now + 10_000 * MS).is_none()));
+    }
+
+    #[test]
+    fn retiring_for_a_move_stops_the_idle_workers_of_other_threads_only() {
+        let mut s = Scheduler::new(0, 8, 1e-3);
+        for (id, owner) in [(1, 0), (2, 1), (3, 0)] {
+            s.worker_starting(id, owner, 0);
+            assert!(s.worker_ready(id, MS));
+        }
+        s.enqueue(100, 2 * MS);
+        let (call, busy) = s.next_dispatch(2 * MS, 0).expect("a dispatch");
+        assert_eq!(call, 100);
+        let mut stopped = s.retire_idle_not_of(1);
+        stopped.sort_unstable();
+        let expect: Vec<u32> = [1, 3].into_iter().filter(|&w| w != busy).collect();
+        assert_eq!(stopped, expect);
+        assert_eq!(s.worker(2).map(|w| w.state), Some(WorkerState::Idle));
+        if busy != 2 {
+            assert_eq!(s.worker(busy).map(|w| w.state), Some(WorkerState::Busy(100)));
+        }
+    }
 
     fn ready_pool(s: &mut Scheduler, n: u32) {
         for id in 1..=n {

@@ -54,6 +54,9 @@ pub(crate) struct FnCore {
     /// the launcher's and the workers' channels close in any order, and
     /// each call they were running must still be told `out_of_memory`.
     pub oom_at: Option<Instant>,
+    /// Where its calls come from, for a runtime whose one process serves
+    /// all its workers: their channels follow them (`Scheduler::Follow`).
+    pub follow: crate::scheduler::Follow,
 }
 
 impl Function {
@@ -417,6 +420,7 @@ impl Shared {
                 }
                 core.last_active_ns = now;
                 core.thaw();
+                self.follow_callers(&func, &mut core, cur, now);
             }
             (core.removed, full)
         };
@@ -439,6 +443,27 @@ impl Shared {
             return replies;
         }
         self.pump(&func, cur)
+    }
+
+    /// Counts where a call of a multiplexed function was submitted, and
+    /// moves the function's workers to the thread nearly all come from
+    /// (`Follow`): only under packed placement, once its launcher is up,
+    /// and only to a thread on another vCPU.
+    fn follow_callers(&self, func: &Function, core: &mut FnCore, cur: usize, now: u64) {
+        if !func.spec.runtime.multiplexed() || core.launcher.state != LauncherState::Ready {
+            return;
+        }
+        let home = core.follow.home.unwrap_or(core.launcher.owner);
+        let (Some(from), Some(here)) = (self.cpu_of(cur), self.cpu_of(home)) else { return };
+        if cur >= self.mailboxes.len() || from == here {
+            return;
+        }
+        if let Some(to) = core.follow.note(cur, self.mailboxes.len(), home, now) {
+            log::info!(
+                "{}: its calls now come from I/O thread {to}: its workers move there (vCPU {from})",
+                func.spec.name
+            );
+        }
     }
 
     /// How deep a new call `call_id` under `parent` would be (its callers,
@@ -589,12 +614,23 @@ impl Shared {
             LauncherState::Ready => {
                 let Some(ltx) = core.launcher.tx.clone() else { return };
                 let multiplexed = func.spec.runtime.multiplexed();
+                // Where its workers' channels are read: the launcher's
+                // thread, or the one its calls come from (`Follow`). Idle
+                // workers elsewhere stop, and replacements start there.
+                let home = core.follow.home.unwrap_or(core.launcher.owner);
+                if multiplexed && core.follow.home.is_some() {
+                    for worker_id in core.sched.retire_idle_not_of(home) {
+                        if let Some(h) = core.workers.get(&worker_id) {
+                            out.push(Action::Stop { tx: h.tx.clone(), worker_id });
+                        }
+                    }
+                }
                 let mut owners: Vec<usize> = (0..core.sched.workers_to_create(now))
                     .map(|_| {
                         if multiplexed {
                             // One process serves every channel: read them all on
                             // one thread, on the vCPU the process is pinned to.
-                            core.launcher.owner
+                            home
                         } else {
                             // Workers of their own process spread over the I/O
                             // threads (and so the vCPUs); each is pinned where

@@ -279,6 +279,7 @@ impl Supervisor {
                 frozen_at: None,
                 last_active_ns: 0,
                 oom_at: None,
+                follow: Default::default(),
             }),
             spec,
         });
@@ -792,6 +793,7 @@ fn spawn_launcher(shared: &Shared, f: &Arc<Function>) -> crate::Result<Option<La
         core.launcher.tx = Some(Arc::new(ch.tx));
         core.launcher.pid = pid;
         core.launcher.owner = owner;
+        core.follow = Default::default();
     }
     shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
     Ok(Some(Launched::Process(child)))
@@ -901,6 +903,7 @@ fn spawn_in_container(
         core.launcher.container = Some(c.clone());
         core.launcher.idle_destroyed = false;
         core.launcher.owner = owner;
+        core.follow = Default::default();
         core.oom_at = None;
     }
     shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
