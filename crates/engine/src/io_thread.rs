@@ -481,13 +481,15 @@ impl IoThread {
     }
 
     fn on_worker_hello(&mut self, func: &Arc<Function>, worker_id: u32, pid: u32) {
-        let (known, container) = {
+        let multiplexed = func.spec.runtime.multiplexed();
+        let (known, host_pid, home) = {
             let mut core = func.lock_core();
             let ok = core.sched.worker_ready(worker_id, sys::clock::monotonic_ns());
             if let Some(h) = core.workers.get_mut(&worker_id) {
                 h.pid = pid;
             }
-            (ok, core.launcher.container.clone())
+            // In a container the pid is its namespace's (`FnCore::host_pid`).
+            (ok, core.host_pid(pid), core.follow.home.unwrap_or(core.launcher.owner))
         };
         if !known {
             log::warn!("{}: hello from unexpected worker {worker_id}", func.spec.name);
@@ -495,17 +497,16 @@ impl IoThread {
         }
         // A worker runs on the vCPU of the thread that reads its channel
         // (Placement::Packed), so a dispatch and its reply never cross vCPUs.
-        // (A Python process has all its channels on one thread.)
-        if let Some(cpu) = self.shared.cpu_of(self.idx) {
-            // In a container the pid is its namespace's: pin the host's
-            // process of that number in that container, never the host's own.
-            let host_pid = match &container {
-                Some(c) => c.host_pid(pid),
-                None => Some(pid),
+        // A Python, Node.js or Go process serves all its channels, read by
+        // one thread (its home, which may have moved since this worker was
+        // asked for: `Follow`); all its threads go there, Go's included.
+        let cpu = self.shared.cpu_of(if multiplexed { home } else { self.idx });
+        if let (Some(cpu), Some(p)) = (cpu, host_pid) {
+            let _ = if multiplexed {
+                sys::cpu::set_affinity_all_threads(p, &[cpu])
+            } else {
+                sys::cpu::set_affinity(p as i32, &[cpu])
             };
-            if let Some(p) = host_pid {
-                let _ = sys::cpu::set_affinity(p as i32, &[cpu]);
-            }
         }
         let replies = self.shared.pump(func, self.idx);
         self.send_replies(replies);

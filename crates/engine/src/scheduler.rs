@@ -94,53 +94,50 @@ pub const NO_THREAD: usize = usize::MAX;
 /// Node.js, Go: `Runtime::multiplexed`) has its calls submitted from. Its
 /// channels are all read by one I/O thread, and under packed placement the
 /// process runs on that thread's vCPU; when nearly all of a window's calls
-/// were submitted on another thread (its callers' channels or its clients'
-/// connections are read there), its workers move to that thread, so that a
-/// call and its reply stop crossing vCPUs (ARCHITECTURE.md, "Placement").
+/// were submitted on another vCPU (its callers' channels or its clients'
+/// connections are read there), its workers move to a thread there, so
+/// that a call and its reply stop crossing vCPUs (ARCHITECTURE.md,
+/// "Placement and spinning").
 #[derive(Debug, Default)]
 pub struct Follow {
-    /// Calls submitted on each I/O thread in the current window.
+    /// Calls submitted on each vCPU in the current window.
     counts: Vec<u32>,
     total: u32,
     moved_ns: u64,
-    /// The I/O thread its new workers' channels go to, once it moved
-    /// (until then, its launcher's).
+    /// The I/O thread its workers' channels are read by, once it moved
+    /// (until then, its launcher's); a restarted launcher starts there.
     pub home: Option<usize>,
 }
 
 /// Calls per decision.
 pub const FOLLOW_WINDOW: u32 = 256;
-/// The share of a window one thread must have submitted for a move.
+/// The share of a window one vCPU must have submitted for a move.
 pub const FOLLOW_SHARE_PCT: u32 = 90;
-/// Moves at most this often, so that callers split between threads cannot
-/// make it go back and forth.
+/// Moves at most this often.
 pub const FOLLOW_EVERY_NS: u64 = 1_000_000_000;
 
 impl Follow {
-    /// Counts a call submitted on I/O thread `cur` (of `threads`), whose
-    /// workers are now read by thread `home`. Returns the thread to move to
-    /// when a window ends with nearly all of it from one other thread.
-    pub fn note(&mut self, cur: usize, threads: usize, home: usize, now_ns: u64) -> Option<usize> {
-        if cur >= threads {
-            return None; // not submitted by an I/O thread (the supervisor)
+    /// Counts a call submitted on vCPU `cpu` (every call an I/O thread
+    /// submits, from the workers' own vCPU `home_cpu` too). When a window
+    /// ends with at least `FOLLOW_SHARE_PCT` of it from one other vCPU,
+    /// returns that vCPU: the workers should move there.
+    pub fn note(&mut self, cpu: usize, home_cpu: usize, now_ns: u64) -> Option<usize> {
+        if self.counts.len() <= cpu {
+            self.counts.resize(cpu + 1, 0);
         }
-        if self.counts.len() < threads {
-            self.counts.resize(threads, 0);
-        }
-        self.counts[cur] += 1;
+        self.counts[cpu] += 1;
         self.total += 1;
         if self.total < FOLLOW_WINDOW {
             return None;
         }
-        let (best, n) = self.counts.iter().copied().enumerate().max_by_key(|&(_, n)| n).unwrap_or((home, 0));
+        let (best, n) = self.counts.iter().copied().enumerate().max_by_key(|&(_, n)| n).unwrap_or((home_cpu, 0));
         self.counts.iter_mut().for_each(|c| *c = 0);
         self.total = 0;
         let recently = self.moved_ns != 0 && now_ns.saturating_sub(self.moved_ns) < FOLLOW_EVERY_NS;
-        if best == home || n * 100 < FOLLOW_SHARE_PCT * FOLLOW_WINDOW || recently {
+        if best == home_cpu || n * 100 < FOLLOW_SHARE_PCT * FOLLOW_WINDOW || recently {
             return None;
         }
         self.moved_ns = now_ns.max(1);
-        self.home = Some(best);
         Some(best)
     }
 }
@@ -569,26 +566,28 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     #[test]
-    fn follow_moves_to_the_thread_nearly_all_calls_come_from_and_not_back_at_once() {
+    fn follow_moves_to_the_vcpu_nearly_all_calls_come_from_and_not_back_at_once() {
         let mut f = Follow::default();
         let mut now = 5 * MS;
-        // A window from thread 1, the workers on thread 0: move.
-        let moves: Vec<_> = (0..FOLLOW_WINDOW).filter_map(|_| f.note(1, 2, 0, now)).collect();
-        assert_eq!(moves, vec![1]);
-        assert_eq!(f.home, Some(1));
-        // Back to thread 0 within a second: stays.
+        let window = |f: &mut Follow, from: &dyn Fn(u32) -> usize, home: usize, now: u64| -> Vec<usize> {
+            (0..FOLLOW_WINDOW).filter_map(|i| f.note(from(i), home, now)).collect()
+        };
+        // A window from vCPU 1, the workers on vCPU 0: move.
+        assert_eq!(window(&mut f, &|_| 1, 0, now), vec![1]);
+        // All from vCPU 0 again within a second: stays on 1.
         now += 100 * MS;
-        assert!((0..FOLLOW_WINDOW).all(|_| f.note(0, 2, 1, now).is_none()));
-        // Callers split 80/20 after the second: stays (below 90%).
+        assert!(window(&mut f, &|_| 0, 1, now).is_empty());
+        // After the second: callers split 80/20, either way round, never
+        // move it, though one side is always "elsewhere".
         now += 2_000 * MS;
-        for i in 0..FOLLOW_WINDOW {
-            assert_eq!(f.note(if i % 5 == 0 { 1 } else { 0 }, 2, 1, now), None);
+        for _ in 0..10 {
+            assert!(window(&mut f, &|i| if i % 5 == 0 { 0 } else { 1 }, 1, now).is_empty());
+            assert!(window(&mut f, &|i| if i % 5 == 0 { 1 } else { 0 }, 1, now).is_empty());
+            now += 2_000 * MS;
         }
-        // Calls from where it is already: stays; from the other: moves.
-        assert!((0..FOLLOW_WINDOW).all(|_| f.note(1, 2, 1, now).is_none()));
-        assert_eq!((0..FOLLOW_WINDOW).filter_map(|_| f.note(0, 2, 1, now)).collect::<Vec<_>>(), vec![0]);
-        // Not an I/O thread's: not counted.
-        assert!((0..2 * FOLLOW_WINDOW).all(|_| f.note(NO_THREAD, 2, 0, now + 10_000 * MS).is_none()));
+        // Calls from where it is: stays; 95% from elsewhere: moves.
+        assert!(window(&mut f, &|_| 1, 1, now).is_empty());
+        assert_eq!(window(&mut f, &|i| if i % 20 == 0 { 1 } else { 0 }, 1, now), vec![0]);
     }
 
     #[test]

@@ -69,6 +69,19 @@ impl Function {
 }
 
 impl FnCore {
+    /// The host's pid of one of its processes, from the pid it reported (in
+    /// a container its namespace's number: the host's process of that
+    /// number in that container, never the host's own).
+    pub fn host_pid(&self, pid: u32) -> Option<u32> {
+        if pid == 0 {
+            return None;
+        }
+        match &self.launcher.container {
+            Some(c) => c.host_pid(pid),
+            None => Some(pid),
+        }
+    }
+
     /// SIGKILLs one of the function's processes. A pid is what the process
     /// itself reported; in a container that is its pid namespace's number.
     pub fn kill(&self, pid: u32) {
@@ -446,23 +459,40 @@ impl Shared {
     }
 
     /// Counts where a call of a multiplexed function was submitted, and
-    /// moves the function's workers to the thread nearly all come from
-    /// (`Follow`): only under packed placement, once its launcher is up,
-    /// and only to a thread on another vCPU.
+    /// moves the function's workers to the vCPU nearly all come from
+    /// (`Follow`): only under packed placement and once its launcher is up.
+    /// Its process is pinned there at once (all its threads); its idle
+    /// workers elsewhere stop at the next pump (`retire_moved`).
     fn follow_callers(&self, func: &Function, core: &mut FnCore, cur: usize, now: u64) {
         if !func.spec.runtime.multiplexed() || core.launcher.state != LauncherState::Ready {
             return;
         }
+        if cur >= self.mailboxes.len() {
+            return; // not an I/O thread's call (the supervisor's)
+        }
         let home = core.follow.home.unwrap_or(core.launcher.owner);
         let (Some(from), Some(here)) = (self.cpu_of(cur), self.cpu_of(home)) else { return };
-        if cur >= self.mailboxes.len() || from == here {
+        let Some(cpu) = core.follow.note(from, here, now) else { return };
+        let Some(to) = self.thread_on(cpu) else { return };
+        core.follow.home = Some(to);
+        log::info!("{}: its calls now come from vCPU {cpu}: its workers move there (I/O thread {to})", func.spec.name);
+        if let Some(pid) = core.host_pid(core.launcher.pid) {
+            let _ = sys::cpu::set_affinity_all_threads(pid, &[cpu]);
+        }
+    }
+
+    /// Stops the idle workers of a multiplexed function that moved
+    /// (`follow_callers`) whose channels are read elsewhere, before any is
+    /// given a call: their replacements start on its new thread.
+    fn retire_moved(&self, func: &Function, core: &mut FnCore, out: &mut Vec<Action>) {
+        let Some(home) = core.follow.home else { return };
+        if !func.spec.runtime.multiplexed() || core.launcher.state != LauncherState::Ready {
             return;
         }
-        if let Some(to) = core.follow.note(cur, self.mailboxes.len(), home, now) {
-            log::info!(
-                "{}: its calls now come from I/O thread {to}: its workers move there (vCPU {from})",
-                func.spec.name
-            );
+        for worker_id in core.sched.retire_idle_not_of(home) {
+            if let Some(h) = core.workers.get(&worker_id) {
+                out.push(Action::Stop { tx: h.tx.clone(), worker_id });
+            }
         }
     }
 
@@ -560,6 +590,7 @@ impl Shared {
                 return Vec::new();
             }
             let mut actions = Vec::new();
+            self.retire_moved(func, &mut core, &mut actions);
             self.plan_dispatches(&mut core, now, cur, &mut actions);
             self.plan_pool(func, &mut core, now, housekeeping, &mut actions);
             actions
@@ -615,16 +646,8 @@ impl Shared {
                 let Some(ltx) = core.launcher.tx.clone() else { return };
                 let multiplexed = func.spec.runtime.multiplexed();
                 // Where its workers' channels are read: the launcher's
-                // thread, or the one its calls come from (`Follow`). Idle
-                // workers elsewhere stop, and replacements start there.
+                // thread, or the one its calls come from (`Follow`).
                 let home = core.follow.home.unwrap_or(core.launcher.owner);
-                if multiplexed && core.follow.home.is_some() {
-                    for worker_id in core.sched.retire_idle_not_of(home) {
-                        if let Some(h) = core.workers.get(&worker_id) {
-                            out.push(Action::Stop { tx: h.tx.clone(), worker_id });
-                        }
-                    }
-                }
                 let mut owners: Vec<usize> = (0..core.sched.workers_to_create(now))
                     .map(|_| {
                         if multiplexed {

@@ -540,7 +540,7 @@ impl Supervisor {
         }
         rec.func = new.clone();
         rec.nested = false;
-        self.shared.submit(call_id, rec, 0)
+        self.shared.submit(call_id, rec, crate::scheduler::NO_THREAD)
     }
 
     /// Ends retirements whose calls are done or whose grace is over.
@@ -779,7 +779,7 @@ fn spawn_launcher(shared: &Shared, f: &Arc<Function>) -> crate::Result<Option<La
     sys::process::kill_child_with_parent(&mut cmd);
     let mut child = cmd.spawn().map_err(Error::io(format!("running {:?}", cmd.get_program())))?;
     let pid = child.id();
-    let owner = shared.next_owner.fetch_add(1, Ordering::Relaxed) % shared.mailboxes.len();
+    let owner = launcher_owner(shared, f);
     {
         let mut core = f.lock_core();
         if core.removed {
@@ -793,10 +793,16 @@ fn spawn_launcher(shared: &Shared, f: &Arc<Function>) -> crate::Result<Option<La
         core.launcher.tx = Some(Arc::new(ch.tx));
         core.launcher.pid = pid;
         core.launcher.owner = owner;
-        core.follow = Default::default();
     }
     shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });
     Ok(Some(Launched::Process(child)))
+}
+
+/// The I/O thread to read a new launcher's channel: where its workers had
+/// moved (`Follow`), else the next in turn.
+fn launcher_owner(shared: &Shared, f: &Function) -> usize {
+    let home = f.lock_core().follow.home;
+    home.unwrap_or_else(|| shared.next_owner.fetch_add(1, Ordering::Relaxed) % shared.mailboxes.len())
 }
 
 /// Starts the launcher in a container from the isolation pool: no runc
@@ -888,7 +894,7 @@ fn spawn_in_container(
             return Err(e);
         }
     };
-    let owner = shared.next_owner.fetch_add(1, Ordering::Relaxed) % shared.mailboxes.len();
+    let owner = launcher_owner(shared, f);
     {
         let mut core = f.lock_core();
         if core.removed {
@@ -903,7 +909,6 @@ fn spawn_in_container(
         core.launcher.container = Some(c.clone());
         core.launcher.idle_destroyed = false;
         core.launcher.owner = owner;
-        core.follow = Default::default();
         core.oom_at = None;
     }
     shared.post(owner, Cmd::AdoptChannel { func: f.clone(), worker_id: 0, rx: ch.rx });

@@ -32,6 +32,24 @@ pub fn set_affinity(pid: i32, cpus: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
+/// Pins every thread of process `pid` to `cpus`: a process pinned again
+/// after it started threads (Go's, a handler's) moves them all, where
+/// `set_affinity(pid)` moves its main thread only.
+pub fn set_affinity_all_threads(pid: u32, cpus: &[usize]) -> io::Result<()> {
+    let tids: Vec<u32> = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(d) => d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for tid in tids {
+        match set_affinity(tid as i32, cpus) {
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            r => r?,
+        }
+    }
+    Ok(())
+}
+
 /// Makes the calling thread `SCHED_IDLE`: it runs only when nothing else
 /// on its CPU wants to, and any waking thread preempts it at once.
 pub fn set_idle_priority() -> io::Result<()> {
