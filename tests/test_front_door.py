@@ -462,18 +462,19 @@ def test_a_python_functions_workers_follow_where_its_calls_come_from(tmp_path):
         "  where:\n    runtime: python\n    handler: where:handle\n"
         "  fan:\n    runtime: python\n    handler: fan:handle\n    timeout: 30s\n")
 
-    def calls_from(cpu, name, body, until, most):
-        """Calls from `cpu` until the answer satisfies `until`; the last answer."""
+    def calls_from(cpu, name, body, until, seconds=20):
+        """Calls from `cpu` until the answer satisfies `until` (moves wait a
+        second after the last one); the last answer."""
         os.sched_setaffinity(0, {cpu})
-        got = None
+        got, deadline = None, time.monotonic() + seconds
         with Conn(srv.port) as c:
-            for _ in range(most):
+            while time.monotonic() < deadline:
                 c.send(call(name, body))
                 status, _, got = c.response()
                 assert status == 200, got
                 if until(json.loads(got)):
                     return json.loads(got)
-        raise AssertionError(f"{name} from vCPU {cpu}: after {most} calls still {got!r}")
+        raise AssertionError(f"{name} from vCPU {cpu}: after {seconds} s still {got!r}")
 
     def moves(name):
         return srv.log_path.read_text(errors="replace").count(f"{name}: its calls now come from vCPU")
@@ -482,10 +483,15 @@ def test_a_python_functions_workers_follow_where_its_calls_come_from(tmp_path):
         srv.deploy(fn)
         try:
             # Clients on one vCPU, then on the other: it follows both times
-            # (a move waits a second after the last one).
-            for cpu in (cpus[0], cpus[1]):
-                calls_from(cpu, "where", b"", lambda a, cpu=cpu: a == [cpu], 2000)
-                time.sleep(1.1)
+            # (a move waits a second after the last one); it starts on one
+            # of the two, so it moves at least once in the two steps, and
+            # always in the second.
+            calls_from(cpus[0], "where", b"", lambda a: a == [cpus[0]])
+            first = moves("where")
+            time.sleep(1.1)
+            calls_from(cpus[1], "where", b"", lambda a: a == [cpus[1]])
+            assert moves("where") == first + 1, "the second step did not move it"
+            time.sleep(1.1)
             # 1,500 calls, one in five from the other vCPU: it stays.
             before = moves("where")
             conns = {cpu: Conn(srv.port) for cpu in cpus}
@@ -500,11 +506,14 @@ def test_a_python_functions_workers_follow_where_its_calls_come_from(tmp_path):
                 for c in conns.values():
                     c.close()
             assert moves("where") == before, "split calls moved it"
-            time.sleep(1.1)
-            # A caller called from the first vCPU, calling `where` (now on
-            # the second): the caller follows its clients, the callee its
-            # caller, and both end up on the first.
-            calls_from(cpus[0], "fan", b"20", lambda a: a == {"me": [cpus[0]], "callee": [cpus[0]]}, 3000)
+            # A caller, called from the vCPU it is not on, calling `where`:
+            # the caller follows its clients, the callee its caller, and
+            # both end up on the caller's clients' vCPU.
+            os.sched_setaffinity(0, {cpus[0]})
+            fan_cpu = calls_from(cpus[0], "fan", b"1", lambda a: True)["me"][0]
+            other = cpus[1] if fan_cpu == cpus[0] else cpus[0]
+            fan_moves = moves("fan")
+            calls_from(other, "fan", b"20", lambda a: a == {"me": [other], "callee": [other]})
+            assert moves("fan") > fan_moves, "the caller did not move"
         finally:
             os.sched_setaffinity(0, saved)
-        assert moves("where") >= 3

@@ -482,14 +482,14 @@ impl IoThread {
 
     fn on_worker_hello(&mut self, func: &Arc<Function>, worker_id: u32, pid: u32) {
         let multiplexed = func.spec.runtime.multiplexed();
-        let (known, host_pid, home) = {
+        let home_of = |core: &crate::shared::FnCore| core.follow.home.unwrap_or(core.launcher.owner);
+        let (known, container, home) = {
             let mut core = func.lock_core();
             let ok = core.sched.worker_ready(worker_id, sys::clock::monotonic_ns());
             if let Some(h) = core.workers.get_mut(&worker_id) {
                 h.pid = pid;
             }
-            // In a container the pid is its namespace's (`FnCore::host_pid`).
-            (ok, core.host_pid(pid), core.follow.home.unwrap_or(core.launcher.owner))
+            (ok, core.launcher.container.clone(), home_of(&core))
         };
         if !known {
             log::warn!("{}: hello from unexpected worker {worker_id}", func.spec.name);
@@ -500,13 +500,22 @@ impl IoThread {
         // A Python, Node.js or Go process serves all its channels, read by
         // one thread (its home, which may have moved since this worker was
         // asked for: `Follow`); all its threads go there, Go's included.
-        let cpu = self.shared.cpu_of(if multiplexed { home } else { self.idx });
-        if let (Some(cpu), Some(p)) = (cpu, host_pid) {
+        let mut thread = if multiplexed { home } else { self.idx };
+        // Read /proc (in a container) only without the lock, and only to pin.
+        let host_pid = self.shared.cpu_of(thread).and_then(|_| crate::shared::host_pid(container.as_deref(), pid));
+        while let (Some(cpu), Some(p)) = (self.shared.cpu_of(thread), host_pid) {
             let _ = if multiplexed {
                 sys::cpu::set_affinity_all_threads(p, &[cpu])
             } else {
                 sys::cpu::set_affinity(p as i32, &[cpu])
             };
+            // A move between reading its home and pinning pins it there
+            // too; then this pin must not be the last word.
+            let now = home_of(&func.lock_core());
+            if !multiplexed || now == thread {
+                break;
+            }
+            thread = now;
         }
         let replies = self.shared.pump(func, self.idx);
         self.send_replies(replies);

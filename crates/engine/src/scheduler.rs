@@ -107,6 +107,8 @@ pub struct Follow {
     /// The I/O thread its workers' channels are read by, once it moved
     /// (until then, its launcher's); a restarted launcher starts there.
     pub home: Option<usize>,
+    /// It moved, and its process is still to be pinned there.
+    pub pin: bool,
 }
 
 /// Calls per decision.

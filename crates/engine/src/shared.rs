@@ -69,19 +69,6 @@ impl Function {
 }
 
 impl FnCore {
-    /// The host's pid of one of its processes, from the pid it reported (in
-    /// a container its namespace's number: the host's process of that
-    /// number in that container, never the host's own).
-    pub fn host_pid(&self, pid: u32) -> Option<u32> {
-        if pid == 0 {
-            return None;
-        }
-        match &self.launcher.container {
-            Some(c) => c.host_pid(pid),
-            None => Some(pid),
-        }
-    }
-
     /// SIGKILLs one of the function's processes. A pid is what the process
     /// itself reported; in a container that is its pid namespace's number.
     pub fn kill(&self, pid: u32) {
@@ -156,6 +143,18 @@ pub(crate) struct Launcher {
     pub container: Option<Arc<sandbox::Container>>,
     /// Destroyed for being idle too long: start again only for a call.
     pub idle_destroyed: bool,
+}
+
+/// The host's pid of one of a function's processes, from the pid it
+/// reported: in a container that is its namespace's number, so the host's
+/// process of that number in that container, never the host's own. Reads
+/// /proc in a container: not under the function's lock.
+pub(crate) fn host_pid(container: Option<&sandbox::Container>, pid: u32) -> Option<u32> {
+    match container {
+        _ if pid == 0 => None,
+        Some(c) => c.host_pid(pid),
+        None => Some(pid),
+    }
 }
 
 /// A worker that has not said hello this long after it was asked for is
@@ -367,11 +366,33 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What `pump` decided, done after the function's lock is released.
 enum Action {
-    Dispatch { tx: Arc<File>, header: Header, input: Payload, trace: Option<crate::otel::SpanCtx> },
-    CreateWorker { launcher_tx: Arc<File>, worker_id: u32 },
+    Dispatch {
+        tx: Arc<File>,
+        header: Header,
+        input: Payload,
+        trace: Option<crate::otel::SpanCtx>,
+    },
+    CreateWorker {
+        launcher_tx: Arc<File>,
+        worker_id: u32,
+    },
     StartLauncher,
-    Stop { tx: Arc<File>, worker_id: u32 },
-    Fail { call_id: u64, kind: ErrorKind, message: String },
+    Stop {
+        tx: Arc<File>,
+        worker_id: u32,
+    },
+    /// Pins a multiplexed function's process, all its threads, to `cpu`
+    /// (it moved: `Follow`); done after the function's lock is released.
+    Pin {
+        container: Option<Arc<sandbox::Container>>,
+        pid: u32,
+        cpu: usize,
+    },
+    Fail {
+        call_id: u64,
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 /// A reply for a gateway connection, to be written by its owner thread.
@@ -460,9 +481,11 @@ impl Shared {
 
     /// Counts where a call of a multiplexed function was submitted, and
     /// moves the function's workers to the vCPU nearly all come from
-    /// (`Follow`): only under packed placement and once its launcher is up.
-    /// Its process is pinned there at once (all its threads); its idle
-    /// workers elsewhere stop at the next pump (`retire_moved`).
+    /// (`Follow`): only under packed placement, once its launcher is up, and
+    /// not when its workers are processes of their own (Python's fork mode:
+    /// each is pinned where its channel is read, and a move would fork them
+    /// all again). The next pump pins its process there and stops its idle
+    /// workers elsewhere (`retire_moved`).
     fn follow_callers(&self, func: &Function, core: &mut FnCore, cur: usize, now: u64) {
         if !func.spec.runtime.multiplexed() || core.launcher.state != LauncherState::Ready {
             return;
@@ -473,21 +496,32 @@ impl Shared {
         let home = core.follow.home.unwrap_or(core.launcher.owner);
         let (Some(from), Some(here)) = (self.cpu_of(cur), self.cpu_of(home)) else { return };
         let Some(cpu) = core.follow.note(from, here, now) else { return };
-        let Some(to) = self.thread_on(cpu) else { return };
-        core.follow.home = Some(to);
-        log::info!("{}: its calls now come from vCPU {cpu}: its workers move there (I/O thread {to})", func.spec.name);
-        if let Some(pid) = core.host_pid(core.launcher.pid) {
-            let _ = sys::cpu::set_affinity_all_threads(pid, &[cpu]);
+        let launcher = core.launcher.pid;
+        if core.workers.values().any(|w| w.pid != 0 && w.pid != launcher) {
+            return;
         }
+        // The thread that submitted the call closing the window is almost
+        // always on that vCPU: with more threads than vCPUs, moved
+        // functions then spread over that vCPU's threads.
+        let Some(to) = (if from == cpu { Some(cur) } else { self.thread_on(cpu) }) else { return };
+        core.follow.home = Some(to);
+        core.follow.pin = true;
+        log::info!("{}: its calls now come from vCPU {cpu}: its workers move there (I/O thread {to})", func.spec.name);
     }
 
-    /// Stops the idle workers of a multiplexed function that moved
-    /// (`follow_callers`) whose channels are read elsewhere, before any is
-    /// given a call: their replacements start on its new thread.
+    /// For a multiplexed function that moved (`follow_callers`): pins its
+    /// process there, and stops its idle workers whose channels are read
+    /// elsewhere before any is given a call; their replacements start on
+    /// its new thread.
     fn retire_moved(&self, func: &Function, core: &mut FnCore, out: &mut Vec<Action>) {
         let Some(home) = core.follow.home else { return };
         if !func.spec.runtime.multiplexed() || core.launcher.state != LauncherState::Ready {
             return;
+        }
+        if std::mem::take(&mut core.follow.pin) {
+            if let Some(cpu) = self.cpu_of(home) {
+                out.push(Action::Pin { container: core.launcher.container.clone(), pid: core.launcher.pid, cpu });
+            }
         }
         for worker_id in core.sched.retire_idle_not_of(home) {
             if let Some(h) = core.workers.get(&worker_id) {
@@ -785,6 +819,11 @@ impl Shared {
                 let mut h = Header::new(Kind::StopWorker);
                 h.worker_id = worker_id;
                 let _ = sys::channel::write_message(&tx, &Message::new(&h, &[]));
+            }
+            Action::Pin { container, pid, cpu } => {
+                if let Some(p) = host_pid(container.as_deref(), pid) {
+                    let _ = sys::cpu::set_affinity_all_threads(p, &[cpu]);
+                }
             }
             Action::Fail { call_id, kind, message } => self.fail_call(call_id, kind, message, replies),
         }

@@ -41,13 +41,17 @@ pub fn set_affinity_all_threads(pid: u32, cpus: &[usize]) -> io::Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e),
     };
+    // Every thread it can, the first error after: one refused thread must
+    // not leave the rest behind.
+    let mut first = Ok(());
     for tid in tids {
         match set_affinity(tid as i32, cpus) {
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-            r => r?,
+            Err(e) if first.is_ok() => first = Err(e),
+            _ => {}
         }
     }
-    Ok(())
+    first
 }
 
 /// Makes the calling thread `SCHED_IDLE`: it runs only when nothing else
