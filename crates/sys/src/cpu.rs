@@ -36,15 +36,10 @@ pub fn set_affinity(pid: i32, cpus: &[usize]) -> io::Result<()> {
 /// after it started threads (Go's, a handler's) moves them all, where
 /// `set_affinity(pid)` moves its main thread only.
 pub fn set_affinity_all_threads(pid: u32, cpus: &[usize]) -> io::Result<()> {
-    let tids: Vec<u32> = match std::fs::read_dir(format!("/proc/{pid}/task")) {
-        Ok(d) => d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
     // Every thread it can, the first error after: one refused thread must
     // not leave the rest behind.
     let mut first = Ok(());
-    for tid in tids {
+    for tid in threads_of(pid)? {
         match set_affinity(tid as i32, cpus) {
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
             Err(e) if first.is_ok() => first = Err(e),
@@ -52,6 +47,15 @@ pub fn set_affinity_all_threads(pid: u32, cpus: &[usize]) -> io::Result<()> {
         }
     }
     first
+}
+
+/// The thread ids of process `pid`; none when it is gone.
+fn threads_of(pid: u32) -> io::Result<Vec<u32>> {
+    match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(d) => Ok(d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Makes the calling thread `SCHED_IDLE`: it runs only when nothing else
@@ -70,12 +74,7 @@ pub fn set_idle_priority() -> io::Result<()> {
 /// Sets the nice value of every thread of process `pid` (a nice value is
 /// per thread). A process or thread gone meanwhile is no error.
 pub fn set_nice_all_threads(pid: u32, nice: i32) -> io::Result<()> {
-    let tids: Vec<u32> = match std::fs::read_dir(format!("/proc/{pid}/task")) {
-        Ok(d) => d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for tid in tids {
+    for tid in threads_of(pid)? {
         match set_nice(tid, nice) {
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
             r => r?,
@@ -95,4 +94,30 @@ pub fn set_nice(pid: u32, nice: i32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinning_all_threads_moves_a_thread_started_before() {
+        let all = cpus_allowed();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (back_tx, back_rx) = std::sync::mpsc::channel();
+        // A thread that exists before the pin and reports its own mask after.
+        let t = std::thread::spawn(move || {
+            rx.recv().unwrap();
+            back_tx.send(cpus_allowed()).unwrap();
+        });
+        set_affinity_all_threads(std::process::id(), &all[..1]).unwrap();
+        tx.send(()).unwrap();
+        let seen = back_rx.recv().unwrap();
+        t.join().unwrap();
+        set_affinity_all_threads(std::process::id(), &all).unwrap();
+        assert_eq!(seen, all[..1].to_vec());
+        assert_eq!(cpus_allowed(), all);
+        // A process that is gone is no error.
+        assert!(set_affinity_all_threads(u32::MAX >> 1, &all).is_ok());
+    }
 }
