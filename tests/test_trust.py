@@ -34,11 +34,17 @@ async def handle(ctx, data):
         await asyncio.sleep(0.05)
         os._exit(9)
     if data == b"forge":
-        # A hostile function claims a gateway call id (bit 63) for its call.
+        # A hostile function writes its own Invoke, claiming a gateway call
+        # id (bit 63), and waits for the reply to it.
         import staccato
-        ctx._channel._id_base = 1 << 63
+        from staccato import wire
+        ch = ctx._channel
+        call_id = (1 << 63) | 12345
+        fut = asyncio.get_running_loop().create_future()
+        ch._pending[call_id] = fut
+        ch.send(wire.pack(wire.INVOKE, 0, 5, call_id, ctx.call_id, ch.worker_id, 4, 0, 0, 0, 0, b"echox"))
         try:
-            await ctx.call("echo", b"x")
+            await fut
         except staccato.CallError as e:
             return f"{e.kind}: {e.message}".encode()
         return b"accepted"

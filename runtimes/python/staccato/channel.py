@@ -185,6 +185,7 @@ class Channel(abc.ABC):
             # let the loop tell us when there is room, instead of blocking
             # every other channel.
             self._backlog = collections.deque((data,))
+            self._backlogged(True)
             self.loop.add_writer(self.wfd, self._flush)
         except OSError as e:  # EPIPE: the engine closed its read end
             self.close(f"write error: {e}")
@@ -201,7 +202,11 @@ class Channel(abc.ABC):
             self.close(f"write error: {e}")
             return
         self._backlog = None
+        self._backlogged(False)
         self.loop.remove_writer(self.wfd)
+
+    def _backlogged(self, queued):
+        """Told when sends start and stop going through the backlog."""
 
     # -- shutdown --------------------------------------------------------
 
@@ -229,21 +234,33 @@ class WorkerChannel(Channel):
         self.shm_dir = runtime.shm_dir
         self._id_base = worker_id << 32
         self._seq = 0
-        self._pending = {}      # call_id -> Future of an Invoke in flight
+        self._pending = {}      # call_id -> Future (or _fast.Call) of an Invoke in flight
         self._running = {}      # call_id -> Task of a running async handler
         self._cpu = None        # (call_id, µs): the CPU time for that call's reply
         self._reader = None     # the _fast.Reader serving e2w, if any
 
     def start(self):
+        if self.closed:
+            return  # closed before it started (the hello's write failed)
         if FAST is None:
             super().start()
             return
         runtime = self.runtime
         # It shares _pending (never replaced) and the fds with this channel.
         self._reader = FAST.Reader(self, self._pending, runtime.handler, runtime.handler_is_async,
-                                   Context, self.rfd, self.wfd, self.worker_id)
+                                   Context, self.rfd, self.wfd, self.worker_id, self.loop)
+        self._reader.backlogged = self._backlog is not None  # the hello may be queued
         self._buf = self._view = None  # the reader has its own
         self.loop.add_reader(self.rfd, self._reader)
+
+    def _backlogged(self, queued):
+        if self._reader is not None:
+            self._reader.backlogged = queued  # its writes wait their turn too
+
+    def close(self, reason="closed"):
+        if self._reader is not None:
+            self._reader.closed = True  # before the fds go: it writes no more
+        super().close(reason)
 
     def on_message(self, msg):
         kind = msg.kind
@@ -407,13 +424,16 @@ class WorkerChannel(Channel):
         """Sends an Invoke; returns (call_id, future of the reply)."""
         if self.closed:
             raise CallError("engine_unavailable", f"worker channel {self.worker_id} is closed")
-        seq = (self._seq + 1) & _SEQ_MASK or 1  # 32-bit counter, never 0
-        self._seq = seq
-        call_id = self._id_base | seq
+        reader = self._reader
+        if reader is not None:
+            call_id = reader.next_call_id()  # one counter with ctx.call's in C
+        else:
+            seq = (self._seq + 1) & _SEQ_MASK or 1  # 32-bit counter, never 0
+            self._seq = seq
+            call_id = self._id_base | seq
         name_len = len(name)
         n = len(data)
         if name_len + n <= INLINE_MAX:
-            reader = self._reader
             if reader is not None:
                 fut = self.loop.create_future()
                 reader.invoke(call_id, parent_call_id, deadline_us, name, data, fut)

@@ -2,7 +2,7 @@
 import logging
 import time
 
-from .wire import NAME_MAX
+from .wire import FAST, NAME_MAX
 
 _log = logging.getLogger("staccato.function")
 
@@ -14,7 +14,50 @@ class _CallAdapter(logging.LoggerAdapter):
         return f"[{self.extra['function']} {self.extra['call_id']:016x}] {msg}", kwargs
 
 
-class Context:
+async def _call_py(ctx, name, data=b""):
+    """Calls function ``name`` with ``data``; returns its output bytes.
+
+    Raises staccato.CallError(kind, message) when the call fails, ValueError for an
+    invalid name. Several calls may be in flight at once (asyncio.gather).
+    """
+    name_b = name.encode("utf-8")
+    if not 1 <= len(name_b) <= NAME_MAX:
+        raise ValueError(f"function name must be 1..{NAME_MAX} UTF-8 bytes, got {len(name_b)}")
+    if type(data) is not bytes:
+        data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    channel = ctx._channel
+    call_id, fut = channel.start_call(name_b, data, ctx.call_id, ctx.deadline_us)
+    # The reply takes the future out of the channel's table; a call
+    # given up on takes it out here (a try costs nothing until it raises).
+    try:
+        return await fut
+    except BaseException:
+        channel.forget_call(call_id)
+        raise
+
+
+if FAST is not None:
+    # The fields in C, and call() in C for a Context the reader built (an
+    # inline Dispatch) making a call whose Invoke fits inline; every other
+    # call goes to _call_py.
+    _ContextBase = FAST.ContextBase
+    FAST.set_slow_call(_call_py)
+else:
+    class _ContextBase:
+        __slots__ = ("call_id", "parent_call_id", "deadline_us", "_channel", "_logger", "_trace")
+
+        def __init__(self, channel, call_id, parent_call_id, deadline_us, trace=None):
+            self._channel = channel
+            self.call_id = call_id
+            self.parent_call_id = parent_call_id
+            self.deadline_us = deadline_us
+            self._logger = None
+            self._trace = trace  # the Dispatch's trace bytes, or None
+
+        call = _call_py
+
+
+class Context(_ContextBase):
     """What a handler knows about its invocation, and how it calls others.
 
     ``call_id`` / ``parent_call_id`` are the wire ids (``parent_call_id`` is 0
@@ -23,17 +66,14 @@ class Context:
     trace context when it has one (on an engine that traces, --otlp-endpoint:
     it records the call, or its caller sent a context), else None; internal
     calls carry it without being told.
+
+    ``await ctx.call(name, data)`` calls function ``name`` with ``data`` (bytes
+    or str) and returns its output bytes; it raises staccato.CallError(kind,
+    message) when the call fails, ValueError for an invalid name. Several
+    calls may be in flight at once (asyncio.gather).
     """
 
-    __slots__ = ("call_id", "parent_call_id", "deadline_us", "_channel", "_logger", "_trace")
-
-    def __init__(self, channel, call_id, parent_call_id, deadline_us, trace=None):
-        self._channel = channel
-        self.call_id = call_id
-        self.parent_call_id = parent_call_id
-        self.deadline_us = deadline_us
-        self._logger = None
-        self._trace = trace  # the Dispatch's trace bytes, or None
+    __slots__ = ()
 
     @property
     def trace_id(self):
@@ -82,27 +122,6 @@ class Context:
             self._logger = _CallAdapter(_log, {"function": self.function,
                                                "call_id": self.call_id})
         return self._logger
-
-    async def call(self, name, data=b""):
-        """Calls function ``name`` with ``data``; returns its output bytes.
-
-        Raises staccato.CallError(kind, message) when the call fails, ValueError for an
-        invalid name. Several calls may be in flight at once (asyncio.gather).
-        """
-        name_b = name.encode("utf-8")
-        if not 1 <= len(name_b) <= NAME_MAX:
-            raise ValueError(f"function name must be 1..{NAME_MAX} UTF-8 bytes, got {len(name_b)}")
-        if type(data) is not bytes:
-            data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        channel = self._channel
-        call_id, fut = channel.start_call(name_b, data, self.call_id, self.deadline_us)
-        # The reply takes the future out of the channel's table; a call
-        # given up on takes it out here (a try costs nothing until it raises).
-        try:
-            return await fut
-        except BaseException:
-            channel.forget_call(call_id)
-            raise
 
 
 __all__ = ["Context"]

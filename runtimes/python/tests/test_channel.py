@@ -113,6 +113,8 @@ def test_full_w2e_pipe_queues_messages_in_order(harness):
         for _ in range(20):
             await asyncio.sleep(0.005)
         assert h.channel._backlog, "expected messages waiting for w2e"
+        if wire.FAST is not None:
+            assert h.channel._reader.backlogged  # the C writes queue behind it
         seqs = []
         for _ in range(n):
             inv = await h.recv()
@@ -125,6 +127,8 @@ def test_full_w2e_pipe_queues_messages_in_order(harness):
     assert seqs == list(range(1, n + 1))  # nothing lost or reordered
     assert done.kind == wire.COMPLETION and done.inline == b"%d" % n
     assert h.channel._backlog is None
+    if wire.FAST is not None:
+        assert not h.channel._reader.backlogged
 
 
 def test_close_fails_pending_calls(harness):
@@ -289,3 +293,262 @@ def test_random_messages_never_break_the_reader(harness, tmp_path):
     assert (m.kind, m.inline) == (wire.COMPLETION, b"still here")
     assert not h.channel.closed
     assert replies, "no random Dispatch was valid: the test lost its power"
+
+
+def completion(call_id, data=b""):
+    return pack(wire.COMPLETION, 0, len(data), call_id, 0, 1, 0, 0, 0, 0, 0, data)
+
+
+def test_ctx_call_is_a_coroutine_and_sends_nothing_until_awaited(harness):
+    async def lazy(ctx, data):
+        unawaited = ctx.call("f", b"never")
+        assert asyncio.iscoroutine(unawaited)
+        if wire.FAST is not None:
+            # The call made in C (the reader built this Context).
+            assert type(unawaited) is wire.FAST.Call
+        unawaited.close()
+        import gc
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            dropped = ctx.call("f", b"dropped")
+            del dropped
+            gc.collect()
+        assert any(issubclass(w.category, RuntimeWarning) and "never awaited" in str(w.message)
+                   for w in caught), caught
+        return b"%d" % len(ctx._channel._pending)
+
+    h = harness(lazy)
+    os.write(h.e2w_w, dispatch(1))
+    m = h.run(h.recv())
+    # The next message is the Completion: no Invoke went out.
+    assert (m.kind, m.call_id, m.inline) == (wire.COMPLETION, GATEWAY | 1, b"0")
+
+
+def test_calls_made_every_way_share_one_id_sequence_and_each_reply_reaches_its_caller(harness):
+    big = b"b" * 2000  # goes through shm: the channel's Python code sends it
+
+    async def many(ctx, data):
+        task = asyncio.create_task(ctx.call("t", b"task"))
+        outs = [await ctx.call("a"), await ctx.call("b", "text"), await ctx.call("c", big),
+                await ctx.call("d", bytearray(b"ba"))]
+        outs += await asyncio.gather(ctx.call("e", b"1"), ctx.call("e", b"2"))
+        outs.append(await task)
+        return b",".join(outs)
+
+    h = harness(many)
+
+    async def scenario():
+        os.write(h.e2w_w, dispatch(1))
+        seen = []
+        while True:
+            m = await h.recv()
+            if m.kind != wire.INVOKE:
+                return seen, m
+            name = m.inline[:m.name_len]
+            if m.flags & wire.PAYLOAD_IN_SHM:
+                path = h.runtime.shm_dir + "/" + wire.shm_file_name(m.call_id, wire.INVOKE)
+                with open(path, "rb") as f:
+                    payload = f.read()
+                os.unlink(path)
+            else:
+                payload = m.inline[m.name_len:]
+            seen.append((m.call_id, name, payload))
+            if name == b"t":
+                continue  # answered last, after every other
+            os.write(h.e2w_w, completion(m.call_id, name + b"=" + payload[:4]))
+            if name == b"e" and sum(s[1] == b"e" for s in seen) == 2:
+                task_id = next(s[0] for s in seen if s[1] == b"t")
+                os.write(h.e2w_w, completion(task_id, b"t=task"))
+
+    seen, done = h.run(scenario())
+    ids = [s[0] for s in seen]
+    assert [i >> 32 for i in ids] == [1] * 7
+    assert sorted(i & 0xFFFFFFFF for i in ids) == list(range(1, 8))  # one counter, no id twice
+    # The task's call goes out when the task first runs: before or after "a".
+    assert [s[1] for s in seen if s[1] != b"t"] == [b"a", b"b", b"c", b"d", b"e", b"e"]
+    payloads = {name: payload for _, name, payload in seen}
+    assert payloads[b"b"] == b"text" and payloads[b"c"] == big and payloads[b"t"] == b"task"
+    assert (done.kind, done.inline) == (wire.COMPLETION, b"a=,b=text,c=bbbb,d=ba,e=1,e=2,t=task")
+    assert not h.channel._pending
+
+
+def test_a_task_running_only_a_call_can_be_cancelled_and_its_reply_is_dropped(harness):
+    async def cancels(ctx, data):
+        if data == b"quick":
+            return b"%d" % len(ctx._channel._pending)
+        task = asyncio.create_task(ctx.call("slow"))
+        await asyncio.sleep(0.01)  # the Invoke is out
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return b"cancelled, %d pending" % len(ctx._channel._pending)
+        return b"not cancelled"
+
+    h = harness(cancels)
+
+    async def scenario():
+        os.write(h.e2w_w, dispatch(1))
+        inv = await h.recv()
+        assert inv.kind == wire.INVOKE
+        done = await h.recv()
+        os.write(h.e2w_w, completion(inv.call_id, b"late") + dispatch(2, b"quick"))
+        return done, await h.recv()
+
+    done, again = h.run(scenario())
+    assert (done.kind, done.inline) == (wire.COMPLETION, b"cancelled, 0 pending")
+    assert (again.kind, again.call_id, again.inline) == (wire.COMPLETION, GATEWAY | 2, b"0")
+
+
+def test_a_caller_sees_its_context_variables_after_a_call(harness):
+    import contextvars
+    var = contextvars.ContextVar("var", default=b"unset")
+
+    async def keeps(ctx, data):
+        var.set(data)
+        await ctx.call("f")
+        return var.get()
+
+    h = harness(keeps)
+
+    async def scenario():
+        os.write(h.e2w_w, dispatch(1, b"one") + dispatch(2, b"two"))
+        invs = [await h.recv(), await h.recv()]
+        # Both replies, and a third Dispatch, in one read.
+        os.write(h.e2w_w, completion(invs[1].call_id) + completion(invs[0].call_id) + dispatch(3, b"three"))
+        got = [await h.recv() for _ in range(3)]
+        inv3, = [m for m in got if m.kind == wire.INVOKE]
+        outs = [m for m in got if m.kind != wire.INVOKE]
+        os.write(h.e2w_w, completion(inv3.call_id))
+        return outs + [await h.recv()]
+
+    outs = h.run(scenario())
+    assert sorted((m.call_id, m.inline) for m in outs) == [(GATEWAY | 1, b"one"), (GATEWAY | 2, b"two"),
+                                                          (GATEWAY | 3, b"three")]
+    assert var.get() == b"unset"
+
+
+@pytest.mark.skipif(wire.FAST is None, reason="the C reader only")
+def test_a_reply_read_from_inside_a_task_wakes_its_caller_through_the_loop(harness):
+    # The reader runs a caller's wake-up at once only outside any task (a
+    # task's step cannot start inside another's); called from a task, it
+    # queues the wake-up instead.
+    async def caller(ctx, data):
+        return b"got " + await ctx.call("f")
+
+    h = harness(caller)
+
+    async def scenario():
+        os.write(h.e2w_w, dispatch(1))
+        inv = await h.recv()
+        h.loop.remove_reader(h.e2w_r)
+        os.write(h.e2w_w, completion(inv.call_id, b"it"))
+        h.channel._reader()  # inside this test's task
+        return await h.recv()
+
+    m = h.run(scenario())
+    assert (m.kind, m.inline) == (wire.COMPLETION, b"got it")
+
+
+def test_thousands_of_calls_leave_no_object_behind(harness):
+    import gc
+    import tracemalloc
+
+    async def caller(ctx, data):
+        for _ in range(int(data)):
+            await ctx.call("f", b"x")
+        return b"done"
+
+    h = harness(caller)
+
+    async def engine(rounds, call_id):
+        os.write(h.e2w_w, dispatch(call_id, b"%d" % rounds))
+        while True:
+            m = await h.recv()
+            if m.kind != wire.INVOKE:
+                return m
+            os.write(h.e2w_w, completion(m.call_id, b"reply"))
+
+    from staccato.context import Context
+    kinds = (Context, wire.FAST.Call) if wire.FAST is not None else (Context,)
+
+    def live_calls():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) in kinds)
+
+    assert h.run(engine(500, 1)).inline == b"done"  # warm: caches, free lists
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        assert h.run(engine(5000, 2)).inline == b"done"
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert live_calls() == 0
+    assert not h.channel._pending
+    # A leaked int key, bytes or Call per call would be >= 150 kB here.
+    assert grown < 40_000, grown
+
+
+def test_nothing_after_a_stop_worker_read_with_it_is_run(harness):
+    ran = []
+
+    def echo(ctx, data):
+        ran.append(data)
+        return data
+
+    h = harness(echo)
+    stop = pack(wire.STOP_WORKER, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, b"")
+    os.write(h.e2w_w, dispatch(1, b"before") + stop + dispatch(2, b"after"))
+
+    async def scenario():
+        first = await h.recv()
+        for _ in range(20):
+            await asyncio.sleep(0.002)
+        return first
+
+    first = h.run(scenario())
+    assert (first.call_id, first.inline) == (GATEWAY | 1, b"before")
+    assert h.channel.closed
+    assert ran == [b"before"]  # the channel closed: the reader stopped there
+    try:
+        rest = os.read(h.w2e_r, wire.MESSAGE_LEN)
+    except BlockingIOError:
+        rest = b""
+    assert rest == b"", rest
+
+
+@pytest.mark.skipif(wire.FAST is None, reason="the C reader only")
+def test_a_reply_wakes_its_caller_before_the_reader_returns(harness):
+    # Outside any task (as the loop calls it), the reader runs the caller's
+    # wake-up itself: the caller's Completion is written by the time it
+    # returns, not in a later trip through the loop.
+    async def caller(ctx, data):
+        return b"got " + await ctx.call("f")
+
+    h = harness(caller)
+    seen = []
+
+    def read_now():
+        h.channel._reader()
+        try:
+            seen.append(os.read(h.w2e_r, wire.MESSAGE_LEN))
+        except BlockingIOError:
+            seen.append(None)
+
+    async def scenario():
+        os.write(h.e2w_w, dispatch(1))
+        inv = await h.recv()
+        h.loop.remove_reader(h.e2w_r)
+        os.write(h.e2w_w, completion(inv.call_id, b"it"))
+        h.loop.call_soon(read_now)
+        while not seen:
+            await asyncio.sleep(0.001)
+        return seen[0]
+
+    raw = h.run(scenario())
+    assert raw is not None, "the caller was not woken while the reader ran"
+    m = wire.decode(raw)
+    assert (m.kind, m.inline) == (wire.COMPLETION, b"got it")
