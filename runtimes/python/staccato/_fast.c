@@ -682,16 +682,20 @@ static PySendResult call_am_send(Call *c, PyObject *arg, PyObject **result)
 {
     (void)arg;
     if (c->state == CALL_NEW && call_start(c) < 0) {
-        /* Like a coroutine that raised, it is over. */
-        if (c->state == CALL_PENDING) {
-            PyObject *t, *v, *tb;
-            PyErr_Fetch(&t, &v, &tb);
-            if (call_forget(c) < 0)
-                PyErr_Clear();
-            PyErr_Restore(t, v, tb);
+        /* Like a coroutine that raised, it is over: it ends with what it
+         * raised (unless a closing channel ended it first). */
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        PyErr_NormalizeException(&t, &v, &tb);
+        if (tb && v)
+            PyException_SetTraceback(v, tb);
+        if (c->state == CALL_PENDING && call_forget(c) < 0)
+            PyErr_Clear();
+        if (c->state < CALL_RESULT) {
+            c->state = v ? CALL_ERROR : CALL_CANCELLED;
+            Py_XSETREF(c->value, Py_XNewRef(v));
         }
-        if (c->state < CALL_RESULT)
-            c->state = CALL_CANCELLED;
+        PyErr_Restore(t, v, tb);
         *result = NULL;
         return PYGEN_ERROR;
     }

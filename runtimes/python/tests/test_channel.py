@@ -134,11 +134,21 @@ def test_full_w2e_pipe_queues_messages_in_order(harness):
 def test_close_fails_pending_calls(harness):
     seen = []
 
+    late = []
+
     async def caller(ctx, data):
         try:
             await ctx.call("slow")
         except CallError as e:
             seen.append(e.kind)
+        # A call made on the closed channel (in C, from a Context the
+        # reader built) fails the same way.
+        call = ctx.call("after")
+        try:
+            await call
+        except CallError as e:
+            # A _fast.Call that failed is not a cancelled one.
+            late.append((e.kind, getattr(call, "cancelled", lambda: False)()))
 
     h = harness(caller)
 
@@ -156,6 +166,7 @@ def test_close_fails_pending_calls(harness):
 
     assert h.run(scenario()) == "engine_unavailable"
     assert seen == ["engine_unavailable"]
+    assert late == [("engine_unavailable", False)]
     assert 1 not in h.runtime.workers
 
 
