@@ -207,7 +207,7 @@ typedef struct {
 static PyObject *s_slow, *s_eof_read, *s_read_failed, *s_spawn, *s_handler_failed,
     *s_send_result, *s_send, *s_cpu, *s_await, *s_done, *s_set_result, *s_call_soon, *s_start_call;
 static PyObject *context_kwnames; /* ("context",) */
-static PyObject *CancelledError, *InvalidStateError, *current_tasks, *slow_call;
+static PyObject *CancelledError, *InvalidStateError, *current_tasks, *current_task, *slow_call;
 
 static int reader_traverse(Reader *r, visitproc visit, void *arg)
 {
@@ -566,12 +566,18 @@ static int call_wake(Call *c, int now)
         return 0;
     c->cb = c->cb_context = c->callbacks = NULL;
     c->cb_version++;
-    if (now && (!current_tasks || !c->reader || !c->reader->loop)) {
+    if (now && (!c->reader || !c->reader->loop)) {
         now = 0;
-    } else if (now) {
+    } else if (now && current_tasks) {
         PyObject *task = PyDict_GetItemWithError(current_tasks, c->reader->loop); /* borrowed */
         if (task || PyErr_Occurred())
             now = 0;
+        PyErr_Clear();
+    } else if (now) {
+        PyObject *task = PyObject_CallOneArg(current_task, c->reader->loop);
+        if (task != Py_None)
+            now = 0;
+        Py_XDECREF(task);
         PyErr_Clear();
     }
     int rc = call_run(c, cb, cb_context, now);
@@ -601,15 +607,12 @@ static int call_start(Call *c)
         PyErr_SetString(PyExc_RuntimeError, "the call's channel is gone");
         return -1;
     }
-    int closed = r->channel ? channel_closed(r) : 1;
-    if (closed < 0)
+    if (!r->channel) {
+        PyErr_SetString(PyExc_RuntimeError, "the worker channel is gone");
         return -1;
-    if (closed) { /* the channel's start_call raises the precise error */
+    }
+    if (channel_closed(r)) { /* the channel's start_call raises the precise error */
         PyObject *stack[5] = {r->channel, c->name, c->data ? c->data : Py_None, NULL, NULL};
-        if (!r->channel) {
-            PyErr_SetString(PyExc_RuntimeError, "the worker channel is gone");
-            return -1;
-        }
         stack[3] = PyLong_FromUnsignedLongLong(c->parent_call_id);
         stack[4] = stack[3] ? PyLong_FromUnsignedLongLong(c->deadline_us) : NULL;
         PyObject *res = stack[4] ? PyObject_VectorcallMethod(s_start_call, stack, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET,
@@ -1388,13 +1391,10 @@ static PyObject *reader_read(Reader *r)
              * no new event would come for. */
             PyErr_WriteUnraisable(r->channel);
         }
-        int closed = channel_closed(r);
-        if (closed > 0) {
+        if (channel_closed(r)) {
             r->have = 0; /* the fds are gone: what is left goes with them */
             Py_RETURN_NONE;
         }
-        if (closed < 0)
-            break;
     }
     Py_ssize_t rest = end - off;
     if (rest && off)
@@ -1480,13 +1480,18 @@ PyMODINIT_FUNC PyInit__fast(void)
     Py_DECREF(exc);
     if (!CancelledError || !InvalidStateError)
         return NULL;
-    /* The running tasks by loop (C asyncio's, which asyncio.tasks exports);
-     * without it, a reply's wake-up always goes through the loop. */
+    /* Whether a task runs: up to 3.13 a dict lookup in the running tasks
+     * by loop (C asyncio's, which asyncio.tasks exports); later, or
+     * without it, asyncio.current_task(loop). */
     PyObject *tasks = PyImport_ImportModule("asyncio.tasks");
     if (!tasks)
         return NULL;
-    current_tasks = PyObject_GetAttrString(tasks, "_current_tasks");
+    current_task = PyObject_GetAttrString(tasks, "current_task");
+    if (PY_VERSION_HEX < 0x030E0000)
+        current_tasks = PyObject_GetAttrString(tasks, "_current_tasks");
     Py_DECREF(tasks);
+    if (!current_task)
+        return NULL;
     if (!current_tasks || !PyDict_Check(current_tasks)) {
         PyErr_Clear();
         Py_CLEAR(current_tasks);
