@@ -117,6 +117,21 @@ static void fill(char *out, const struct header *h, const char *inline_, Py_ssiz
     memset(out + HEADER_LEN + n, 0, (size_t)(INLINE_MAX - n));
 }
 
+/* Fills an Invoke: `h` with its lengths and send time, then the name and
+ * the input inline (1..CALLEE_NAME_MAX and together <= INLINE_MAX). */
+static void fill_invoke(char *out, struct header *h, const char *name, Py_ssize_t name_len, const char *data,
+                        Py_ssize_t n)
+{
+    h->kind = K_INVOKE;
+    h->name_len = (uint16_t)name_len;
+    h->payload_len = (uint32_t)(name_len + n);
+    h->send_ts_ns = now_ns(CLOCK_MONOTONIC);
+    memcpy(out, h, HEADER_LEN);
+    memcpy(out + HEADER_LEN, name, (size_t)name_len);
+    memcpy(out + HEADER_LEN + name_len, data, (size_t)n);
+    memset(out + HEADER_LEN + name_len + n, 0, (size_t)(INLINE_MAX - name_len - n));
+}
+
 /* ---- pack / check_message: wire.py's fast path and its tests ---------- */
 
 static PyObject *fast_pack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -310,6 +325,13 @@ static int send_message(Reader *r, const char *msg)
     int rc = call_channel(r, s_send, &data, 1);
     Py_DECREF(data);
     return rc;
+}
+
+/* A new internal call id: worker id << 32 | a 32-bit sequence, never 0. */
+static unsigned long long next_id(Reader *r)
+{
+    r->seq = r->seq == UINT32_MAX ? 1 : r->seq + 1;
+    return ((unsigned long long)r->worker_id << 32) | r->seq;
 }
 
 /* ---- ContextBase and Call: ctx.call without Python code -----------------
@@ -638,17 +660,7 @@ static int call_start(Call *c)
     }
     /* Checked when the call was made; the objects are immutable. */
     assert(name_len >= 1 && name_len <= CALLEE_NAME_MAX && name_len + n <= INLINE_MAX);
-    r->seq = r->seq == UINT32_MAX ? 1 : r->seq + 1; /* 32 bits, never 0 */
-    c->call_id = ((unsigned long long)r->worker_id << 32) | r->seq;
-    struct header h = {
-        .kind = K_INVOKE, .payload_len = (uint32_t)(name_len + n), .call_id = c->call_id,
-        .parent_call_id = c->parent_call_id, .worker_id = r->worker_id, .name_len = (uint16_t)name_len,
-        .deadline_us = c->deadline_us,
-    };
-    char msg[MESSAGE_LEN];
-    memcpy(msg + HEADER_LEN, name, (size_t)name_len);
-    memcpy(msg + HEADER_LEN + name_len, data, (size_t)n);
-    memset(msg + HEADER_LEN + name_len + n, 0, (size_t)(INLINE_MAX - name_len - n));
+    c->call_id = next_id(r);
     /* Registered before sending: a failed send closes the channel, which
      * fails every pending call (this one too). */
     PyObject *key = PyLong_FromUnsignedLongLong(c->call_id);
@@ -659,10 +671,12 @@ static int call_start(Call *c)
     if (rc < 0)
         return -1;
     c->state = CALL_PENDING;
-    Py_CLEAR(c->name);
+    struct header h = {.call_id = c->call_id, .parent_call_id = c->parent_call_id, .worker_id = r->worker_id,
+                       .deadline_us = c->deadline_us};
+    char msg[MESSAGE_LEN];
+    fill_invoke(msg, &h, name, name_len, data, n);
+    Py_CLEAR(c->name); /* after: name and data point into them */
     Py_CLEAR(c->data);
-    h.send_ts_ns = now_ns(CLOCK_MONOTONIC);
-    memcpy(msg, &h, HEADER_LEN);
     return send_message(r, msg);
 }
 
@@ -1289,16 +1303,10 @@ static PyObject *reader_invoke(Reader *r, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_ValueError, "invoke: the name is 1..64 bytes and name and data fit inline");
         return NULL;
     }
-    h.name_len = (uint16_t)name_len;
-    h.payload_len = (uint32_t)(name_len + n);
     if (PyDict_SetItem(r->pending, args[0], args[5]) < 0)
         return NULL;
     char msg[MESSAGE_LEN];
-    h.send_ts_ns = now_ns(CLOCK_MONOTONIC);
-    memcpy(msg, &h, HEADER_LEN);
-    memcpy(msg + HEADER_LEN, PyBytes_AS_STRING(args[3]), (size_t)name_len);
-    memcpy(msg + HEADER_LEN + name_len, PyBytes_AS_STRING(args[4]), (size_t)n);
-    memset(msg + HEADER_LEN + name_len + n, 0, (size_t)(INLINE_MAX - name_len - n));
+    fill_invoke(msg, &h, PyBytes_AS_STRING(args[3]), name_len, PyBytes_AS_STRING(args[4]), n);
     if (send_message(r, msg) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -1309,8 +1317,7 @@ static PyObject *reader_invoke(Reader *r, PyObject *const *args, Py_ssize_t narg
 static PyObject *reader_next_call_id(Reader *r, PyObject *unused)
 {
     (void)unused;
-    r->seq = r->seq == UINT32_MAX ? 1 : r->seq + 1;
-    return PyLong_FromUnsignedLongLong(((unsigned long long)r->worker_id << 32) | r->seq);
+    return PyLong_FromUnsignedLongLong(next_id(r));
 }
 
 static PyMemberDef reader_members[] = {
