@@ -144,8 +144,12 @@ impl IoThread {
             }
         }
         let mut events = Events::with_capacity(256);
+        // Read once per iteration, after its events are served: it starts
+        // the spin, and at the top of the next iteration says whether the
+        // spin is over (one clock read per iteration where there were two).
+        let mut now = sys::clock::monotonic_ns();
         loop {
-            let timeout = self.poll_timeout();
+            let timeout = self.poll_timeout(now);
             if timeout == Some(Duration::ZERO) {
                 // Spinning: let whatever runs on this vCPU (often the worker
                 // we just dispatched to) go first.
@@ -168,7 +172,7 @@ impl IoThread {
                     }
                 }
             }
-            let now = sys::clock::monotonic_ns();
+            now = sys::clock::monotonic_ns();
             if !events.is_empty() {
                 if self.shared.cfg.engine_spin_us > 0 {
                     self.spin_until_ns = now + u64::from(self.shared.cfg.engine_spin_us) * 1000;
@@ -184,8 +188,10 @@ impl IoThread {
         }
     }
 
-    fn poll_timeout(&self) -> Option<Duration> {
-        let now = sys::clock::monotonic_ns();
+    /// The wait's timeout; `now` is the clock read after the last
+    /// iteration's events (flushing since then takes microseconds, against
+    /// a spin of tens).
+    fn poll_timeout(&self, now: u64) -> Option<Duration> {
         if now < self.spin_until_ns {
             return Some(Duration::ZERO);
         }
@@ -578,8 +584,8 @@ impl IoThread {
                     Outcome::Ok(_) => "ok",
                     Outcome::Err(k, _) => k.name(),
                 };
-                self.shared.trace(call_id, &rec, worker_id, label);
-                replies.extend(self.shared.deliver(call_id, rec, outcome, Some(&func.dir)));
+                self.shared.trace_at(call_id, &rec, worker_id, label, now);
+                replies.extend(self.shared.deliver_at(call_id, rec, outcome, Some(&func.dir), now));
             }
             // The call timed out meanwhile: drop its output.
             None => {
@@ -591,7 +597,7 @@ impl IoThread {
         // Answer first, then dispatch what waits: the reply is on the
         // latency path, the next dispatch is not delayed by much.
         self.send_replies(replies);
-        let replies = self.shared.pump(func, self.idx);
+        let replies = self.shared.pump_at(func, self.idx, now);
         self.send_replies(replies);
     }
 
@@ -637,9 +643,10 @@ impl IoThread {
                 "an internal call must be made while the caller's invocation runs".into(),
             );
         };
-        let name = String::from_utf8_lossy(&inline[..name_len]).into_owned();
+        // Borrowed from the message when it is UTF-8 (no copy per call).
+        let name = String::from_utf8_lossy(&inline[..name_len]);
         // A call that leaves this engine, answered to this worker later.
-        let leaving = |name: String| OutCall {
+        let leaving = |name: &str| OutCall {
             caller: caller.clone(),
             tx: tx.clone(),
             worker_id,
@@ -653,7 +660,7 @@ impl IoThread {
             if !wire::valid_function_name(&name) {
                 return reject(ErrorKind::NotFound, format!("no function named {name:?}"));
             }
-            if let Err((kind, msg)) = self.via_gateway(h, m, leaving(name)) {
+            if let Err((kind, msg)) = self.via_gateway(h, m, leaving(&name)) {
                 reject(kind, msg);
             }
             return;
@@ -661,7 +668,7 @@ impl IoThread {
         let Some(callee) = self.shared.function(&name) else {
             // Not on this server: through a gateway to one it runs on.
             if self.shared.remote.connected() && wire::valid_function_name(&name) {
-                if let Err((kind, msg)) = self.forward(h, m, leaving(name)) {
+                if let Err((kind, msg)) = self.forward(h, m, leaving(&name)) {
                     reject(kind, msg);
                 }
                 return;
@@ -718,7 +725,8 @@ impl IoThread {
         } else {
             Payload::Bytes(inline[name_len..].to_vec())
         };
-        let mut rec = new_record(callee, Origin::Worker { func: caller.clone(), tx }, input, parent, deadline_us);
+        let origin = Origin::Worker { func: caller.clone(), tx };
+        let mut rec = new_record(callee, origin, input, parent, deadline_us, now_us);
         rec.nested = held > 0;
         if let Some(t) = &self.shared.tracer {
             // A traced caller's call is its child span.
@@ -1022,7 +1030,7 @@ impl IoThread {
         // Calls to a function not here, or while other engines share the
         // load, are the gateway's to route; calls that need an invoke key
         // the gateway's to check (the engine never holds keys).
-        let (Some(func), Some(_)) = (self.shared.function(&req.name), door.sole_engine()) else {
+        let (Some(func), true) = (self.shared.function(&req.name), door.sole_engine(&mut |_| {})) else {
             return self.hand_over(t);
         };
         if func.spec.auth != api::spec::Auth::None {
@@ -1038,11 +1046,12 @@ impl IoThread {
         if req.timeout_ms > 0 {
             timeout_ms = timeout_ms.min(u64::from(req.timeout_ms));
         }
-        let deadline_us = sys::clock::unix_us() + timeout_ms * 1000;
+        let now_us = sys::clock::unix_us();
+        let deadline_us = now_us + timeout_ms * 1000;
         self.next_seq = self.next_seq.wrapping_add(1);
         let call_id = self.id_tag | (self.next_seq & 0xffff_ffff);
         let origin = Origin::Http { thread: self.idx, conn: t, close: req.close };
-        let mut rec = new_record(func, origin, Payload::Bytes(input), 0, deadline_us);
+        let mut rec = new_record(func, origin, Payload::Bytes(input), 0, deadline_us, now_us);
         if let Some(tr) = &self.shared.tracer {
             rec.trace = tr.root(req.trace);
         }
@@ -1231,9 +1240,10 @@ impl IoThread {
         if fh.call_timeout_ms() > 0 {
             timeout_ms = timeout_ms.min(u64::from(fh.call_timeout_ms()));
         }
-        let deadline_us = sys::clock::unix_us() + timeout_ms * 1000;
+        let now_us = sys::clock::unix_us();
+        let deadline_us = now_us + timeout_ms * 1000;
         let origin = Origin::Gateway { thread: self.idx, conn };
-        let mut rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us);
+        let mut rec = new_record(func, origin, Payload::Bytes(input.to_vec()), 0, deadline_us, now_us);
         rec.background = fh.kind == FrameKind::Call && fh.call_background();
         if let Some(t) = &self.shared.tracer {
             // A block that does not decode is ignored, as a header would be.
@@ -1387,7 +1397,16 @@ fn random_bits() -> u64 {
     bits & 0xff_ffff
 }
 
-fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, deadline_us: u64) -> CallRecord {
+/// A call received now; `now_unix_us` is the wall clock its caller just read
+/// (for its deadline): one clock read fewer per call.
+fn new_record(
+    func: Arc<Function>,
+    origin: Origin,
+    input: Payload,
+    parent: u64,
+    deadline_us: u64,
+    now_unix_us: u64,
+) -> CallRecord {
     CallRecord {
         func,
         origin,
@@ -1402,7 +1421,7 @@ fn new_record(func: Arc<Function>, origin: Origin, input: Payload, parent: u64, 
         nested: false,
         background: false,
         depth_above: 0,
-        recv_unix_us: sys::clock::unix_us(),
+        recv_unix_us: now_unix_us,
         trace: None,
         cpu_us: None,
     }

@@ -476,7 +476,8 @@ impl Shared {
             self.fail_call(call_id, ErrorKind::NotFound, msg, &mut replies);
             return replies;
         }
-        self.pump(&func, cur)
+        // The clock read at its receipt, microseconds ago.
+        self.pump_at(&func, cur, now)
     }
 
     /// Counts where a call of a multiplexed function was submitted, and
@@ -611,13 +612,22 @@ impl Shared {
     /// pool, (re)starts the launcher. Called after anything that may change
     /// what can run: an arrival, a completion, a worker joining or leaving.
     pub fn pump(&self, func: &Arc<Function>, cur: usize) -> Vec<GatewayReply> {
-        self.pump_with(func, cur, false)
+        self.pump_inner(func, cur, false, sys::clock::monotonic_ns())
+    }
+
+    /// `pump` at `now`, a monotonic clock reading the caller has just
+    /// taken (one clock read fewer on a call's path).
+    pub fn pump_at(&self, func: &Arc<Function>, cur: usize, now: u64) -> Vec<GatewayReply> {
+        self.pump_inner(func, cur, false, now)
     }
 
     /// `pump`, plus (with `housekeeping`) stopping surplus idle workers.
     /// Shrinking happens only from the periodic housekeeping tick.
     pub fn pump_with(&self, func: &Arc<Function>, cur: usize, housekeeping: bool) -> Vec<GatewayReply> {
-        let now = sys::clock::monotonic_ns();
+        self.pump_inner(func, cur, housekeeping, sys::clock::monotonic_ns())
+    }
+
+    fn pump_inner(&self, func: &Arc<Function>, cur: usize, housekeeping: bool, now: u64) -> Vec<GatewayReply> {
         let actions = {
             let mut core = func.lock_core();
             if core.removed {
@@ -862,7 +872,18 @@ impl Shared {
         outcome: Outcome,
         from_dir: Option<&PathBuf>,
     ) -> Option<GatewayReply> {
-        let now = sys::clock::monotonic_ns();
+        self.deliver_at(call_id, rec, outcome, from_dir, sys::clock::monotonic_ns())
+    }
+
+    /// `deliver`, with `now` a monotonic clock reading just taken.
+    pub fn deliver_at(
+        &self,
+        call_id: u64,
+        rec: CallRecord,
+        outcome: Outcome,
+        from_dir: Option<&PathBuf>,
+        now: u64,
+    ) -> Option<GatewayReply> {
         match rec.origin {
             Origin::Gateway { thread, conn } => {
                 let timing = timing_of(&rec, now);
@@ -886,19 +907,26 @@ impl Shared {
                         (k.name(), crate::front::Answer::Err { status, kind: k.name(), message: m })
                     }
                 };
-                let mut engine = None;
+                let mut frame = None;
                 if let Some(f) = self.front.get() {
                     let latency_s = now.saturating_sub(rec.recv_ns) as f64 / 1e9;
                     f.record(thread, &rec.func.spec.name, label, latency_s, timing);
-                    engine = f.sole_engine();
+                    f.sole_engine(&mut |id| {
+                        frame = Some(crate::front::answer(call_id, answer, timing, Some(id), close))
+                    });
                 }
-                let frame = crate::front::answer(call_id, answer, timing, engine.as_deref(), close);
+                let frame = frame.unwrap_or_else(|| crate::front::answer(call_id, answer, timing, None, close));
                 Some(GatewayReply { thread, conn, frame })
             }
         }
     }
 
     pub fn trace(&self, call_id: u64, rec: &CallRecord, worker_id: u32, outcome: &'static str) {
+        self.trace_at(call_id, rec, worker_id, outcome, sys::clock::monotonic_ns());
+    }
+
+    /// `trace` of a call that completed at `now` (monotonic ns).
+    pub fn trace_at(&self, call_id: u64, rec: &CallRecord, worker_id: u32, outcome: &'static str, now: u64) {
         let t = TraceRecord {
             call_id,
             parent_call_id: rec.parent_call_id,
@@ -906,7 +934,7 @@ impl Shared {
             worker_id,
             receive_ns: rec.recv_ns,
             dispatch_ns: rec.dispatch_ns,
-            complete_ns: sys::clock::monotonic_ns(),
+            complete_ns: now,
             outcome,
             hop: if rec.depth_above > 0 { Hop::In } else { Hop::Local },
             cold: rec.cold,
@@ -1176,7 +1204,9 @@ fn gateway_frame(call_id: u64, outcome: Outcome, timing: Timing, from_dir: Optio
 /// Builds the `Completion`/`Failure` message answering a worker's `Invoke`,
 /// moving an shm output into the caller's directory.
 pub(crate) fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&PathBuf>, to_dir: &Path) -> Message {
-    let name = shm_file_name(call_id, Kind::Completion);
+    // Named only when a payload file is written or moved: most answers
+    // are inline, and formatting the name cost an allocation per call.
+    let name = || shm_file_name(call_id, Kind::Completion);
     let (mut h, inline): (Header, Vec<u8>) = match outcome {
         Outcome::Ok(Payload::Bytes(b)) if b.len() <= INLINE_LEN_MAX => {
             let mut h = Header::new(Kind::Completion);
@@ -1185,7 +1215,7 @@ pub(crate) fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&Pat
         }
         Outcome::Ok(Payload::Bytes(b)) => {
             let mut h = Header::new(Kind::Completion);
-            match sys::payload::write(to_dir, &name, &b) {
+            match sys::payload::write(to_dir, &name(), &b) {
                 Ok(()) => {
                     h.flags = FLAG_PAYLOAD_IN_SHM;
                     h.payload_len = b.len() as u32;
@@ -1194,7 +1224,7 @@ pub(crate) fn worker_reply(call_id: u64, outcome: Outcome, from_dir: Option<&Pat
                 Err(e) => failure_header(ErrorKind::Internal, format!("writing output payload: {e}")),
             }
         }
-        Outcome::Ok(Payload::Shm(len)) => match from_dir.map(|d| sys::payload::forward(d, to_dir, &name)) {
+        Outcome::Ok(Payload::Shm(len)) => match from_dir.map(|d| sys::payload::forward(d, to_dir, &name())) {
             Some(Ok(())) => {
                 let mut h = Header::new(Kind::Completion);
                 h.flags = FLAG_PAYLOAD_IN_SHM;

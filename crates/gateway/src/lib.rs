@@ -156,12 +156,16 @@ impl Gateway {
     }
 
     /// Whether the gateway knows exactly one engine: with more, external
-    /// calls are the gateway's to balance between them.
-    pub fn sole_engine(&self) -> Option<String> {
+    /// calls are the gateway's to balance between them. If it does, runs
+    /// `f` with that engine's id.
+    pub fn sole_engine(&self, f: &mut dyn FnMut(&str)) -> bool {
         let engines = self.sh.engines.snapshot();
         match engines.as_slice() {
-            [e] => Some(e.id.clone()),
-            _ => None,
+            [e] => {
+                f(&e.id);
+                true
+            }
+            _ => false,
         }
     }
 

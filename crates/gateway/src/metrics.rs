@@ -108,10 +108,11 @@ impl Metrics {
         timing: Option<wire::frame::Timing>,
     ) {
         let mut m = self.by_thread[thread % self.by_thread.len()].lock().unwrap_or_else(|p| p.into_inner());
-        if !m.contains_key(function) {
-            m.insert(function.to_string(), FnMetrics::default());
-        }
-        let f = m.get_mut(function).expect("inserted above");
+        // One lookup per call; the name is copied only the first time.
+        let f = match m.get_mut(function) {
+            Some(f) => f,
+            None => m.entry(function.to_string()).or_default(),
+        };
         *f.outcomes.entry(outcome).or_default() += 1;
         f.latency.observe(latency_s);
         // A call the engine never dispatched has no execution to show.

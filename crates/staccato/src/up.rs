@@ -814,8 +814,8 @@ impl engine::front::FrontDoor for FrontDoor {
     fn hand_over(&self, thread: usize, stream: std::net::TcpStream, read: Vec<u8>) {
         self.0.adopt(thread, stream, read);
     }
-    fn sole_engine(&self) -> Option<String> {
-        self.0.sole_engine()
+    fn sole_engine(&self, f: &mut dyn FnMut(&str)) -> bool {
+        self.0.sole_engine(f)
     }
     fn record(&self, thread: usize, function: &str, outcome: &'static str, latency_s: f64, t: wire::frame::Timing) {
         self.0.record(thread, function, outcome, latency_s, t);
