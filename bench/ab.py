@@ -6,7 +6,14 @@ Prints the median over rounds of each figure, per variant.
         --variant gateway=--front-door=gateway -- --langs c --calls 5000
 
 A variant is NAME=UP_ARG[,UP_ARG...] (each passed as --up-arg); the
-arguments after `--` go to every `staccato bench micro` run.
+arguments after `--` go to every `staccato bench micro` run. Two builds
+against each other: `--binary NAME=PATH` runs that variant's rounds with
+another `staccato` binary (kept under target/release/, where it finds
+runtimes/):
+
+    cp target/release/staccato target/release/stc-old   # before the change
+    python3 bench/ab.py --rounds 4 --variant old= --variant new= \
+        --binary old=target/release/stc-old -- --langs c --low-load-s 0
 """
 import argparse
 import json
@@ -23,6 +30,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variant", action="append", required=True, help="NAME=UP_ARG[,UP_ARG...] (NAME= for none)")
     ap.add_argument("--json", help="write every run's rows here")
+    ap.add_argument("--binary", action="append", default=[], help="NAME=PATH: the staccato binary of variant NAME")
     ap.add_argument("rest", nargs="*", help="arguments for `staccato bench micro` (after --)")
     a = ap.parse_args()
     variants = []
@@ -30,10 +38,16 @@ def main():
         name, _, args = v.partition("=")
         variants.append((name, [f"--up-arg={x}" for x in args.split(",") if x]))
     runs = {name: [] for name, _ in variants}
+    binaries = {}
+    for b in a.binary:
+        name, _, path = b.partition("=")
+        if name not in runs or not path:
+            sys.exit(f"--binary {b!r}: expected NAME=PATH with NAME one of the variants")
+        binaries[name] = Path(path).resolve()
     for r in range(a.rounds):
         for name, up in variants:
             print(f"round {r + 1}/{a.rounds}: {name}", file=sys.stderr, flush=True)
-            out = subprocess.run([str(BIN), "bench", "micro", "--json", *up, *a.rest], capture_output=True, text=True,
+            out = subprocess.run([str(binaries.get(name, BIN)), "bench", "micro", "--json", *up, *a.rest], capture_output=True, text=True,
                                  timeout=1800)
             if out.returncode != 0:
                 sys.exit(f"{name}: bench micro failed:\n{out.stderr[-3000:]}")
