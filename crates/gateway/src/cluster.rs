@@ -104,12 +104,6 @@ impl Engines {
         self.list.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Runs `f` on the list under its read lock, without taking a copy of
-    /// it (for a short look on a call's path).
-    pub fn with_list<R>(&self, f: impl FnOnce(&[Arc<Engine>]) -> R) -> R {
-        f(&self.list.read().unwrap_or_else(|p| p.into_inner()))
-    }
-
     /// A new entry. Functions placed on too few engines take it first, so
     /// its restore gives it them.
     fn make(

@@ -159,13 +159,14 @@ impl Gateway {
     /// calls are the gateway's to balance between them. If it does, runs
     /// `f` with that engine's id.
     pub fn sole_engine(&self, f: &mut dyn FnMut(&str)) -> bool {
-        self.sh.engines.with_list(|engines| match engines {
+        let engines = self.sh.engines.snapshot();
+        match engines.as_slice() {
             [e] => {
                 f(&e.id);
                 true
             }
             _ => false,
-        })
+        }
     }
 
     /// Records a call another front door answered, in `/metrics`, with
