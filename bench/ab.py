@@ -44,6 +44,8 @@ def main():
         if name not in runs or not path:
             sys.exit(f"--binary {b!r}: expected NAME=PATH with NAME one of the variants")
         binaries[name] = Path(path).resolve()
+        if not binaries[name].is_file():
+            sys.exit(f"--binary {b!r}: {binaries[name]} is not a file")
     for r in range(a.rounds):
         for name, up in variants:
             print(f"round {r + 1}/{a.rounds}: {name}", file=sys.stderr, flush=True)

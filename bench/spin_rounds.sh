@@ -18,9 +18,11 @@ shift || true
 bin=target/release/staccato
 work=$(mktemp -d /tmp/staccato-spin-rounds.XXXXXX)
 up=
+ipc=
 cleanup() {
   if [ -n "$up" ]; then kill "$up" 2>/dev/null || true; wait "$up" 2>/dev/null || true; fi
-  rm -rf "$work" /dev/shm/staccato-spin-rounds-*
+  [ -n "$ipc" ] && rm -rf "$ipc"
+  rm -rf "$work"
 }
 trap cleanup EXIT
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 1; }
@@ -29,24 +31,30 @@ echo 'wrk.method = "POST"' >"$work/post.lua"
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 for r in $(seq "$rounds"); do
   p=$(port)
-  "$bin" up --listen "127.0.0.1:$p" --state-dir "$work/$r" --ipc-dir "/dev/shm/staccato-spin-rounds-$p" "$@" \
-    >"$work/$r.log" 2>&1 &
+  ipc=/dev/shm/staccato-spin-rounds-$p
+  "$bin" up --listen "127.0.0.1:$p" --state-dir "$work/$r" --ipc-dir "$ipc" "$@" >"$work/$r.log" 2>&1 &
   up=$!
   for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$p/healthz" >/dev/null && break
     sleep 0.1
   done
-  curl -sf "http://127.0.0.1:$p/healthz" >/dev/null || { echo "staccato up did not start: $work/$r.log" >&2; exit 1; }
+  if ! curl -sf "http://127.0.0.1:$p/healthz" >/dev/null; then
+    echo "staccato up $* did not start; its log:" >&2
+    tail -20 "$work/$r.log" >&2
+    exit 1
+  fi
   STACCATO_GATEWAY="http://127.0.0.1:$p" STACCATO_TOKEN=$(cat "$work/$r/token") "$bin" deploy bench/functions/c >/dev/null
   line="round $r:"
   for c in 0 1 free; do
     pin=()
     [ "$c" != free ] && pin=(taskset -c "$c")
-    line="$line client $c $("${pin[@]}" "$work/alternate" 20000 "$p:/function/bench-nop-c" | awk '{print $3 "/" $9}')"
+    line="$line client $c $(${pin[@]+"${pin[@]}"} "$work/alternate" 20000 "$p:/function/bench-nop-c" | awk '{print $3 "/" $9}')"
   done
   rps=$(wrk -t2 -c16 -d2s -s "$work/post.lua" "http://127.0.0.1:$p/function/bench-nop-c" | awk '/Requests\/sec/ {print $2}')
   echo "$line  16 connections $rps req/s"
-  kill "$up"
+  kill "$up" 2>/dev/null || true
   wait "$up" 2>/dev/null || true
   up=
+  rm -rf "$ipc"
+  ipc=
 done

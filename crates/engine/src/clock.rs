@@ -52,8 +52,9 @@ fn expire(shared: &Shared) {
     for call_id in expired {
         let Some(rec) = shared.calls.remove(call_id) else { continue };
         let func = rec.func.clone();
-        // Rounded: the deadline is computed from a clock reading taken a few
-        // µs before recv_unix_us, so flooring reports 499 ms for 500.
+        // Rounded: a deadline can come from another clock reading than
+        // recv_unix_us (an internal call's caller's), a few µs earlier, so
+        // flooring would report 499 ms for 500.
         let timeout_ms = (rec.deadline_us.saturating_sub(rec.recv_unix_us) + 500) / 1000;
         let msg = match rec.worker {
             Some((worker_id, pid)) => {

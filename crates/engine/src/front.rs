@@ -59,8 +59,8 @@ pub(crate) fn answer(
     close: bool,
 ) -> Vec<u8> {
     // Written by hand, not with `write!`: this is on every external
-    // call's path, and formatting machinery plus the temporary strings it
-    // needed were ~0.3 µs of the I/O thread's time per call (BENCHMARKS.md,
+    // call's path, where the formatting machinery and the temporary
+    // strings it needed showed in the I/O thread's profile (BENCHMARKS.md,
     // "Fewer clock reads and allocations per call").
     let mut id = [0u8; 16];
     hex16(call_id, &mut id);

@@ -476,8 +476,9 @@ impl Shared {
             self.fail_call(call_id, ErrorKind::NotFound, msg, &mut replies);
             return replies;
         }
-        // The clock read at its receipt, microseconds ago.
-        self.pump_at(&func, cur, now)
+        // A clock of its own: a call moved here by a redeploy
+        // (`supervisor::move_call`) was received long ago.
+        self.pump(&func, cur)
     }
 
     /// Counts where a call of a multiplexed function was submitted, and
@@ -656,7 +657,9 @@ impl Shared {
             let pid = handle.pid;
             let taken = self.calls.with(call_id, |rec| {
                 debug_assert_eq!(rec.dispatch_ns, 0, "call {call_id:016x} dispatched twice");
-                rec.dispatch_ns = now;
+                // `now` may be a reading the caller took a few µs ago, before
+                // another thread queued this call.
+                rec.dispatch_ns = now.max(rec.recv_ns);
                 rec.worker = Some((worker_id, pid));
                 rec.cold = ready_ns > rec.recv_ns;
                 let mut header = Header::new(Kind::Dispatch);
