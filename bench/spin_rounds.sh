@@ -21,7 +21,7 @@ up=
 ipc=
 cleanup() {
   if [ -n "$up" ]; then kill "$up" 2>/dev/null || true; wait "$up" 2>/dev/null || true; fi
-  [ -n "$ipc" ] && rm -rf "$ipc"
+  [ -n "$ipc" ] && rm -rf "$ipc" "$ipc.lock"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -36,6 +36,7 @@ for r in $(seq "$rounds"); do
   up=$!
   for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$p/healthz" >/dev/null && break
+    kill -0 "$up" 2>/dev/null || break
     sleep 0.1
   done
   if ! curl -sf "http://127.0.0.1:$p/healthz" >/dev/null; then
@@ -55,6 +56,6 @@ for r in $(seq "$rounds"); do
   kill "$up" 2>/dev/null || true
   wait "$up" 2>/dev/null || true
   up=
-  rm -rf "$ipc"
+  rm -rf "$ipc" "$ipc.lock"
   ipc=
 done
