@@ -9,13 +9,14 @@
 #
 #   bench/spin_rounds.sh ROUNDS [UP_ARG...]
 #   e.g. bench/spin_rounds.sh 3 --engine-spin-us=0 --worker-spin-us=0
+#   STACCATO_BIN=target/release/other bench/spin_rounds.sh 3   (another build)
 #
 # Prints one line per round: p50/p99.9 µs per client placement, req/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 shift || true
-bin=target/release/staccato
+bin=${STACCATO_BIN:-target/release/staccato}
 work=$(mktemp -d /tmp/staccato-spin-rounds.XXXXXX)
 up=
 ipc=

@@ -165,11 +165,18 @@ impl EngineConfig {
     }
 
     /// The spin (`STACCATO_SPIN_US`) a function's workers get on a machine
-    /// with `cpus` usable vCPUs. On one vCPU a spinning C/C++ worker only
-    /// delays the engine it waits for, while Go's spin-then-ppoll still beats
-    /// its netpoller there (A/B figures in BENCHMARKS.md).
+    /// with `cpus` usable vCPUs. A C/C++ worker does not spin where it
+    /// shares a vCPU with the engine thread that feeds it: on one vCPU, or
+    /// under packed placement, where it is pinned beside the thread that
+    /// reads its channel and is dispatched to by it. There its next message
+    /// is written on its own vCPU, so a spin cannot catch it sooner, and a
+    /// spinning worker only delays the engine, or under EEVDF the client
+    /// just answered (BENCHMARKS.md, "Two spinners on one vCPU"). Go's
+    /// spin-then-ppoll still beats its netpoller there, and a Go process
+    /// serves calls from every thread (A/B figures in BENCHMARKS.md).
     pub fn worker_spin_us_for(&self, runtime: Runtime, cpus: usize) -> u32 {
-        if cpus < 2 && matches!(runtime, Runtime::C | Runtime::Cpp) {
+        let beside = cpus < 2 || self.placement == Placement::Packed;
+        if beside && matches!(runtime, Runtime::C | Runtime::Cpp) {
             0
         } else {
             self.worker_spin_us
@@ -333,6 +340,28 @@ pub fn find_runtimes(arg: Option<PathBuf>) -> Result<PathBuf, crate::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn c_workers_spin_only_where_their_engine_thread_is_on_another_vcpu() {
+        let dir = PathBuf::from("/nonexistent");
+        let mut cfg = EngineConfig::new("127.0.0.1:0".parse().unwrap(), dir.clone(), dir.clone(), dir);
+        let spin = |cfg: &EngineConfig, rt, cpus| cfg.worker_spin_us_for(rt, cpus);
+        assert_eq!(cfg.placement, Placement::Packed);
+        for rt in [Runtime::C, Runtime::Cpp] {
+            // Pinned beside the thread that feeds them, or on one vCPU.
+            assert_eq!(spin(&cfg, rt, 2), 0);
+            assert_eq!(spin(&cfg, rt, 1), 0);
+        }
+        // Go spins wherever it is; the event loops' runtimes ignore it.
+        assert_eq!(spin(&cfg, Runtime::Go, 2), 30);
+        assert_eq!(spin(&cfg, Runtime::Go, 1), 30);
+        // Left to the kernel, a C worker may run anywhere: it spins.
+        cfg.placement = Placement::Kernel;
+        assert_eq!(spin(&cfg, Runtime::C, 2), 30);
+        assert_eq!(spin(&cfg, Runtime::C, 1), 0);
+        cfg.worker_spin_us = 7;
+        assert_eq!(spin(&cfg, Runtime::Cpp, 4), 7);
+    }
 
     #[test]
     fn a_shared_libpython_in_the_prefix_is_found_inside_the_container() {

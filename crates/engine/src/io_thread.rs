@@ -72,6 +72,10 @@ pub(crate) struct HttpConn {
     /// may not have been read yet (reading was paused at its limit): read
     /// to it, past any short read, since no later event reports it again.
     hung_up: bool,
+    /// Its client was last seen on this thread's vCPU (`follow_client`):
+    /// once answered, it is what runs next here, and a spin would only
+    /// keep it waiting (`IoThread::answered_here`).
+    beside: bool,
     /// Its place among the gateway's connections.
     _slot: Box<dyn Send>,
 }
@@ -97,6 +101,15 @@ pub(crate) struct IoThread {
     entries: HashMap<Token, Entry>,
     next_token: usize,
     spin_until_ns: u64,
+    /// This iteration answered a caller that runs on this thread's vCPU (a
+    /// front-door client beside it, or a worker whose channel it reads),
+    /// which is then what runs next here: no spin follows, since yielding
+    /// to each other, this thread and a spinning worker could keep that
+    /// caller waiting for their whole spins (EEVDF does not run a task
+    /// preempted a moment ago before it is eligible again; BENCHMARKS.md,
+    /// "Two spinners on one vCPU"). Its next message comes from this vCPU,
+    /// so a spin could not catch it sooner anyway.
+    answered_here: bool,
     /// Connections with bytes to flush at the end of this loop iteration:
     /// replies produced by one batch of events leave in one write.
     dirty: Vec<Token>,
@@ -128,6 +141,7 @@ impl IoThread {
             entries: HashMap::new(),
             next_token: 1,
             spin_until_ns: 0,
+            answered_here: false,
             dirty: Vec::new(),
             answered: Vec::new(),
             id_tag,
@@ -185,6 +199,9 @@ impl IoThread {
                 self.serve_answered();
                 self.flush_dirty();
             }
+            if std::mem::take(&mut self.answered_here) {
+                self.spin_until_ns = 0;
+            }
         }
     }
 
@@ -198,6 +215,13 @@ impl IoThread {
         // No timeout otherwise: deadlines and housekeeping live on the
         // engine's clock thread, so an idle wait arms no timer.
         None
+    }
+
+    /// This thread and the workers whose channels it reads share a vCPU
+    /// that is one of several (packed placement): see `answered_here`, and
+    /// `follow_client` for one vCPU.
+    fn beside_its_workers(&self) -> bool {
+        self.shared.cpus.len() >= 2 && self.shared.cpu_of(self.idx).is_some()
     }
 
     fn token(&mut self) -> Token {
@@ -585,6 +609,9 @@ impl IoThread {
                     Outcome::Err(k, _) => k.name(),
                 };
                 self.shared.trace_at(call_id, &rec, worker_id, label, now);
+                if let Origin::Worker { thread, .. } = rec.origin {
+                    self.answered_here |= thread == self.idx && self.beside_its_workers();
+                }
                 replies.extend(self.shared.deliver_at(call_id, rec, outcome, Some(&func.dir), now));
             }
             // The call timed out meanwhile: drop its output.
@@ -725,7 +752,7 @@ impl IoThread {
         } else {
             Payload::Bytes(inline[name_len..].to_vec())
         };
-        let origin = Origin::Worker { func: caller.clone(), tx };
+        let origin = Origin::Worker { func: caller.clone(), tx, thread: self.idx };
         let mut rec = new_record(callee, origin, input, parent, deadline_us, now_us);
         rec.nested = held > 0;
         if let Some(t) = &self.shared.tracer {
@@ -885,6 +912,7 @@ impl IoThread {
                 read_paused: false,
                 eof: false,
                 hung_up: false,
+                beside: false,
                 _slot: slot,
             };
             self.entries.insert(c, Entry::Http(conn));
@@ -960,25 +988,38 @@ impl IoThread {
     /// (BENCHMARKS.md, "On an Intel guest"). Returns whether
     /// it moved.
     fn follow_client(&mut self, t: Token) -> bool {
-        let Some(Entry::Http(c)) = self.entries.get(&t) else { return false };
+        let one_cpu = self.shared.cpus.len() < 2;
+        let here = self.shared.cpu_of(self.idx);
+        let Some(Entry::Http(c)) = self.entries.get_mut(&t) else { return false };
         if c.busy || !c.wbuf.is_empty() || c.after != After::Serve || c.eof || c.read_paused || c.rbuf.is_empty() {
             return false;
         }
         // On one vCPU there is nowhere to go: no `getsockopt` per request.
-        if self.shared.cpus.len() < 2 {
+        // Nor is a client beside the thread there in `answered_here`'s
+        // sense: with no worker spinning (`worker_spin_us_for`), the spin
+        // keeps the client's next request from waking the thread, which
+        // would preempt the client in its `send`, and measured faster.
+        if one_cpu {
+            c.beside = false;
             return false;
         }
-        let Ok(cpu) = socket2::SockRef::from(&c.stream).cpu_affinity() else { return false };
+        let Ok(cpu) = socket2::SockRef::from(&c.stream).cpu_affinity() else {
+            c.beside = false;
+            return false;
+        };
         // Already on that vCPU (one of its threads, when there are more
         // threads than vCPUs): stay.
-        if self.shared.cpu_of(self.idx) == Some(cpu) {
+        c.beside = here == Some(cpu);
+        if c.beside {
             return false;
         }
         let Some(to) = self.shared.thread_on(cpu) else { return false };
-        let Some(Entry::Http(c)) = self.remove_entry(t) else { return false };
+        let Some(Entry::Http(mut c)) = self.remove_entry(t) else { return false };
         if let Some(door) = self.shared.front.get() {
             door.followed();
         }
+        // Its new thread runs on the vCPU it was received on.
+        c.beside = true;
         self.shared.post(to, Cmd::AdoptHttp(Box::new(c)));
         true
     }
@@ -1325,6 +1366,7 @@ impl IoThread {
                 c.wbuf.extend_from_slice(bytes);
                 // Its one call is answered: the next request may be served.
                 c.busy = false;
+                self.answered_here |= c.beside;
                 c.heard_ns = sys::clock::monotonic_ns();
                 self.answered.push(t);
             }

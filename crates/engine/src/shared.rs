@@ -186,6 +186,8 @@ pub(crate) enum Origin {
     Worker {
         func: Arc<Function>,
         tx: Arc<File>,
+        /// The I/O thread that reads the caller's channel.
+        thread: usize,
     },
     /// A client connection of the engine's own front door (`front`).
     Http {
@@ -893,7 +895,7 @@ impl Shared {
                 let frame = gateway_frame(call_id, outcome, timing, from_dir);
                 Some(GatewayReply { thread, conn, frame })
             }
-            Origin::Worker { ref func, ref tx } => {
+            Origin::Worker { ref func, ref tx, .. } => {
                 let msg = worker_reply(call_id, outcome, from_dir, &func.dir);
                 if let Err(e) = sys::channel::write_message(tx, &msg) {
                     log::warn!("{}: reply to caller lost: {e}", func.spec.name);
