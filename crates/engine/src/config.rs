@@ -165,18 +165,23 @@ impl EngineConfig {
     }
 
     /// The spin (`STACCATO_SPIN_US`) a function's workers get on a machine
-    /// with `cpus` usable vCPUs. A C/C++ worker does not spin where it
-    /// shares a vCPU with the engine thread that feeds it: on one vCPU, or
-    /// under packed placement, where it is pinned beside the thread that
-    /// reads its channel and is dispatched to by it. There its next message
-    /// is written on its own vCPU, so a spin cannot catch it sooner, and a
-    /// spinning worker only delays the engine, or under EEVDF the client
-    /// just answered (BENCHMARKS.md, "Two spinners on one vCPU"). Go's
-    /// spin-then-ppoll still beats its netpoller there, and a Go process
-    /// serves calls from every thread (A/B figures in BENCHMARKS.md).
-    pub fn worker_spin_us_for(&self, runtime: Runtime, cpus: usize) -> u32 {
-        let beside = cpus < 2 || self.placement == Placement::Packed;
-        if beside && matches!(runtime, Runtime::C | Runtime::Cpp) {
+    /// with `cpus` usable vCPUs (`runtime` and `max_workers` its spec's).
+    /// A C/C++ worker does not spin where it shares a vCPU with the engine
+    /// thread that feeds it: on one vCPU, or under packed placement when the
+    /// function may have a worker on every vCPU. There a call goes to a
+    /// worker pinned beside the thread that received it (ARCHITECTURE.md,
+    /// "Placement and spinning"), so the next message is written on the
+    /// worker's own vCPU: a spin cannot catch it sooner, and it delays the
+    /// engine, or under EEVDF the client just answered (BENCHMARKS.md, "Two
+    /// spinners on one vCPU"). With fewer workers allowed than vCPUs, calls
+    /// from the other vCPUs cross over, and the spin is kept: it saves their
+    /// wake-ups, and a client left to the kernel stays off the spinning
+    /// worker's vCPU (BENCHMARKS.md, "Spinning only where the next message
+    /// comes from another vCPU"). Go's spin-then-ppoll still beats its
+    /// netpoller everywhere, and a Go process serves calls from every thread.
+    pub fn worker_spin_us_for(&self, runtime: Runtime, max_workers: u32, cpus: usize) -> u32 {
+        let everywhere = self.placement == Placement::Packed && max_workers as usize >= cpus;
+        if matches!(runtime, Runtime::C | Runtime::Cpp) && (cpus < 2 || everywhere) {
             0
         } else {
             self.worker_spin_us
@@ -342,25 +347,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn c_workers_spin_only_where_their_engine_thread_is_on_another_vcpu() {
+    fn c_workers_spin_only_where_calls_may_come_from_another_vcpu() {
         let dir = PathBuf::from("/nonexistent");
         let mut cfg = EngineConfig::new("127.0.0.1:0".parse().unwrap(), dir.clone(), dir.clone(), dir);
-        let spin = |cfg: &EngineConfig, rt, cpus| cfg.worker_spin_us_for(rt, cpus);
-        assert_eq!(cfg.placement, Placement::Packed);
-        for rt in [Runtime::C, Runtime::Cpp] {
-            // Pinned beside the thread that feeds them, or on one vCPU.
-            assert_eq!(spin(&cfg, rt, 2), 0);
-            assert_eq!(spin(&cfg, rt, 1), 0);
-        }
-        // Go spins wherever it is; the event loops' runtimes ignore it.
-        assert_eq!(spin(&cfg, Runtime::Go, 2), 30);
-        assert_eq!(spin(&cfg, Runtime::Go, 1), 30);
-        // Left to the kernel, a C worker may run anywhere: it spins.
-        cfg.placement = Placement::Kernel;
-        assert_eq!(spin(&cfg, Runtime::C, 2), 30);
-        assert_eq!(spin(&cfg, Runtime::C, 1), 0);
         cfg.worker_spin_us = 7;
-        assert_eq!(spin(&cfg, Runtime::Cpp, 4), 7);
+        assert_eq!(cfg.placement, Placement::Packed, "the default");
+        for rt in [Runtime::C, Runtime::Cpp] {
+            // A worker may sit beside every vCPU's thread, or there is one vCPU.
+            assert_eq!(cfg.worker_spin_us_for(rt, 32, 2), 0);
+            assert_eq!(cfg.worker_spin_us_for(rt, 2, 2), 0);
+            assert_eq!(cfg.worker_spin_us_for(rt, 1, 1), 0);
+            // Fewer workers than vCPUs: calls from the others cross over.
+            assert_eq!(cfg.worker_spin_us_for(rt, 1, 2), 7);
+            assert_eq!(cfg.worker_spin_us_for(rt, 4, 8), 7);
+        }
+        // Go spins wherever it is; so do the event loops' runtimes, which
+        // ignore it.
+        for rt in [Runtime::Go, Runtime::Python, Runtime::Node] {
+            assert_eq!(cfg.worker_spin_us_for(rt, 32, 2), 7);
+            assert_eq!(cfg.worker_spin_us_for(rt, 1, 1), 7);
+        }
+        // Left to the kernel, a C worker may run on another vCPU than the
+        // thread that feeds it, unless there is only one.
+        cfg.placement = Placement::Kernel;
+        assert_eq!(cfg.worker_spin_us_for(Runtime::C, 32, 2), 7);
+        assert_eq!(cfg.worker_spin_us_for(Runtime::C, 32, 1), 0);
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub(crate) struct HttpConn {
     /// once answered, it is what runs next here, and a spin would only
     /// keep it waiting (`IoThread::answered_here`).
     beside: bool,
+    /// Its peer is on this host's loopback, so `SO_INCOMING_CPU` names the
+    /// vCPU the client sends from. For a client elsewhere it names the vCPU
+    /// that received its packets from the NIC: never `beside`.
+    loopback: bool,
     /// Its place among the gateway's connections.
     _slot: Box<dyn Send>,
 }
@@ -610,7 +614,10 @@ impl IoThread {
                 };
                 self.shared.trace_at(call_id, &rec, worker_id, label, now);
                 if let Origin::Worker { thread, .. } = rec.origin {
-                    self.answered_here |= thread == self.idx && self.beside_its_workers();
+                    // The caller is pinned to the vCPU of the thread that
+                    // reads its channel.
+                    let cpu = self.shared.cpu_of(thread);
+                    self.answered_here |= self.beside_its_workers() && cpu == self.shared.cpu_of(self.idx);
                 }
                 replies.extend(self.shared.deliver_at(call_id, rec, outcome, Some(&func.dir), now));
             }
@@ -875,8 +882,8 @@ impl IoThread {
         let Some(door) = self.shared.front.get().cloned() else { return };
         loop {
             let Some(Entry::Listener(l)) = self.entries.get(&t) else { return };
-            let stream = match l.accept() {
-                Ok((s, _)) => s,
+            let (stream, peer) = match l.accept() {
+                Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -913,6 +920,7 @@ impl IoThread {
                 eof: false,
                 hung_up: false,
                 beside: false,
+                loopback: is_loopback(peer.ip()),
                 _slot: slot,
             };
             self.entries.insert(c, Entry::Http(conn));
@@ -1009,8 +1017,8 @@ impl IoThread {
         };
         // Already on that vCPU (one of its threads, when there are more
         // threads than vCPUs): stay.
-        c.beside = here == Some(cpu);
-        if c.beside {
+        c.beside = c.loopback && here == Some(cpu);
+        if here == Some(cpu) {
             return false;
         }
         let Some(to) = self.shared.thread_on(cpu) else { return false };
@@ -1019,7 +1027,7 @@ impl IoThread {
             door.followed();
         }
         // Its new thread runs on the vCPU it was received on.
-        c.beside = true;
+        c.beside = c.loopback;
         self.shared.post(to, Cmd::AdoptHttp(Box::new(c)));
         true
     }
@@ -1477,4 +1485,28 @@ struct Leaving {
     depth: u32,
     /// The caller's trace context, if it has one and tracing is on.
     trace: Option<api::trace::TraceContext>,
+}
+
+/// A peer on this host's loopback, IPv4 or IPv6, or IPv4 written as IPv6
+/// (a dual-stack listener's view of 127.0.0.1).
+fn is_loopback(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(a) => a.is_loopback(),
+        std::net::IpAddr::V6(a) => a.is_loopback() || a.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn only_loopback_peers_count_as_on_this_host() {
+        for ip in ["127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"] {
+            assert!(is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["10.0.0.1", "192.168.1.2", "::ffff:10.0.0.1", "fe80::1", "0.0.0.0"] {
+            assert!(!is_loopback(ip.parse().unwrap()), "{ip}");
+        }
+    }
 }

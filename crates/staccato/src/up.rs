@@ -94,13 +94,14 @@ pub struct EngineArgs {
     /// Microseconds a worker polls (yielding) for its next message before
     /// sleeping. Keeps vCPUs from halting between the hops of a call; see
     /// BENCHMARKS.md for the measurements behind the default. C and C++
-    /// workers do not spin under packed placement or on one vCPU, where
-    /// the engine thread that feeds them shares their vCPU.
+    /// workers do not spin on one vCPU, nor under packed placement when
+    /// their function may have a worker on every vCPU: the engine thread
+    /// that feeds them then shares their vCPU.
     #[arg(long, default_value_t = 30)]
     pub worker_spin_us: u32,
     /// Microseconds an engine I/O thread polls (yielding) after activity
     /// before sleeping; not after answering a caller on its own vCPU
-    /// (packed placement on two or more).
+    /// (packed placement on two or more vCPUs).
     #[arg(long, default_value_t = 30)]
     pub engine_spin_us: u32,
     /// Milliseconds after the last event during which an idle-priority
