@@ -165,10 +165,11 @@ impl EngineConfig {
     }
 
     /// The spin (`STACCATO_SPIN_US`) a function's workers get on a machine
-    /// with `cpus` usable vCPUs (`runtime` and `max_workers` its spec's).
-    /// A C/C++ worker does not spin where it shares a vCPU with the engine
-    /// thread that feeds it: on one vCPU, or under packed placement when the
-    /// function may have a worker on every vCPU. There a call goes to a
+    /// with `cpus` usable vCPUs, `fed_from` of which have an I/O thread
+    /// (`runtime` and `max_workers` its spec's). A C/C++ worker does not
+    /// spin where it shares a vCPU with the engine thread that feeds it: on
+    /// one vCPU, or under packed placement when the function may have a
+    /// worker on every vCPU that has a thread. There a call goes to a
     /// worker pinned beside the thread that received it (ARCHITECTURE.md,
     /// "Placement and spinning"), so the next message is written on the
     /// worker's own vCPU: a spin cannot catch it sooner, and it delays the
@@ -179,8 +180,8 @@ impl EngineConfig {
     /// worker's vCPU (BENCHMARKS.md, "Spinning only where the next message
     /// comes from another vCPU"). Go's spin-then-ppoll still beats its
     /// netpoller everywhere, and a Go process serves calls from every thread.
-    pub fn worker_spin_us_for(&self, runtime: Runtime, max_workers: u32, cpus: usize) -> u32 {
-        let everywhere = self.placement == Placement::Packed && max_workers as usize >= cpus;
+    pub fn worker_spin_us_for(&self, runtime: Runtime, max_workers: u32, fed_from: usize, cpus: usize) -> u32 {
+        let everywhere = self.placement == Placement::Packed && max_workers as usize >= fed_from;
         if matches!(runtime, Runtime::C | Runtime::Cpp) && (cpus < 2 || everywhere) {
             0
         } else {
@@ -354,24 +355,26 @@ mod tests {
         assert_eq!(cfg.placement, Placement::Packed, "the default");
         for rt in [Runtime::C, Runtime::Cpp] {
             // A worker may sit beside every vCPU's thread, or there is one vCPU.
-            assert_eq!(cfg.worker_spin_us_for(rt, 32, 2), 0);
-            assert_eq!(cfg.worker_spin_us_for(rt, 2, 2), 0);
-            assert_eq!(cfg.worker_spin_us_for(rt, 1, 1), 0);
-            // Fewer workers than vCPUs: calls from the others cross over.
-            assert_eq!(cfg.worker_spin_us_for(rt, 1, 2), 7);
-            assert_eq!(cfg.worker_spin_us_for(rt, 4, 8), 7);
+            assert_eq!(cfg.worker_spin_us_for(rt, 32, 2, 2), 0);
+            assert_eq!(cfg.worker_spin_us_for(rt, 2, 2, 2), 0);
+            assert_eq!(cfg.worker_spin_us_for(rt, 1, 1, 1), 0);
+            // 16 vCPUs, 8 of them with an I/O thread (the most it starts).
+            assert_eq!(cfg.worker_spin_us_for(rt, 8, 8, 16), 0);
+            // Fewer workers than vCPUs with threads: calls cross over.
+            assert_eq!(cfg.worker_spin_us_for(rt, 1, 2, 2), 7);
+            assert_eq!(cfg.worker_spin_us_for(rt, 4, 8, 16), 7);
         }
         // Go spins wherever it is; so do the event loops' runtimes, which
         // ignore it.
         for rt in [Runtime::Go, Runtime::Python, Runtime::Node] {
-            assert_eq!(cfg.worker_spin_us_for(rt, 32, 2), 7);
-            assert_eq!(cfg.worker_spin_us_for(rt, 1, 1), 7);
+            assert_eq!(cfg.worker_spin_us_for(rt, 32, 2, 2), 7);
+            assert_eq!(cfg.worker_spin_us_for(rt, 1, 1, 1), 7);
         }
         // Left to the kernel, a C worker may run on another vCPU than the
         // thread that feeds it, unless there is only one.
         cfg.placement = Placement::Kernel;
-        assert_eq!(cfg.worker_spin_us_for(Runtime::C, 32, 2), 7);
-        assert_eq!(cfg.worker_spin_us_for(Runtime::C, 32, 1), 0);
+        assert_eq!(cfg.worker_spin_us_for(Runtime::C, 32, 2, 2), 7);
+        assert_eq!(cfg.worker_spin_us_for(Runtime::C, 32, 1, 1), 0);
     }
 
     #[test]

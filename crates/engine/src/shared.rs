@@ -426,6 +426,14 @@ impl Shared {
         (self.cfg.placement == Placement::Packed).then(|| self.cpus[thread % self.cpus.len()])
     }
 
+    /// The spin a function's workers get (`STACCATO_SPIN_US`): see
+    /// `EngineConfig::worker_spin_us_for`. Its calls are received on the
+    /// vCPUs that have an I/O thread, at most one per thread.
+    pub fn worker_spin_us(&self, spec: &FunctionSpec) -> u32 {
+        let fed_from = self.mailboxes.len().min(self.cpus.len());
+        self.cfg.worker_spin_us_for(spec.runtime, spec.max_workers, fed_from, self.cpus.len())
+    }
+
     /// The first I/O thread that runs on `cpu` under packed placement.
     pub fn thread_on(&self, cpu: usize) -> Option<usize> {
         (0..self.mailboxes.len()).find(|&i| self.cpu_of(i) == Some(cpu))

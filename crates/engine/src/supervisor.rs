@@ -768,10 +768,7 @@ fn spawn_launcher(shared: &Shared, f: &Arc<Function>) -> crate::Result<Option<La
         .env("STACCATO_FUNCTION", &f.spec.name)
         .env("STACCATO_IPC_DIR", &f.dir)
         .env("STACCATO_PAYLOAD_MAX", cfg.payload_len_max.to_string())
-        .env(
-            "STACCATO_SPIN_US",
-            cfg.worker_spin_us_for(f.spec.runtime, f.spec.max_workers, shared.cpus.len()).to_string(),
-        )
+        .env("STACCATO_SPIN_US", shared.worker_spin_us(&f.spec).to_string())
         .stdin(Stdio::null())
         .stdout(writer()?)
         .stderr(writer()?);
@@ -865,7 +862,7 @@ fn spawn_in_container(
         env.push(("STACCATO_FUNCTION".into(), f.spec.name.clone()));
         env.push(("STACCATO_IPC_DIR".into(), CONTAINER_IPC.into()));
         env.push(("STACCATO_PAYLOAD_MAX".into(), cfg.payload_len_max.to_string()));
-        let spin = cfg.worker_spin_us_for(f.spec.runtime, f.spec.max_workers, shared.cpus.len());
+        let spin = shared.worker_spin_us(&f.spec);
         env.push(("STACCATO_SPIN_US".into(), spin.to_string()));
         if let Some(n) = &c.net {
             env.push(("STACCATO_HOST_IP".into(), n.host_ip.to_string()));
