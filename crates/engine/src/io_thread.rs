@@ -106,7 +106,8 @@ pub(crate) struct IoThread {
     next_token: usize,
     spin_until_ns: u64,
     /// This iteration answered a caller that runs on this thread's vCPU (a
-    /// front-door client beside it, or a worker whose channel it reads),
+    /// front-door client beside it, or a worker whose channel a thread on
+    /// this vCPU reads),
     /// which is then what runs next here: no spin follows, since yielding
     /// to each other, this thread and a spinning worker could keep that
     /// caller waiting for their whole spins (EEVDF does not run a task
@@ -1004,9 +1005,9 @@ impl IoThread {
         }
         // On one vCPU there is nowhere to go: no `getsockopt` per request.
         // Nor is a client beside the thread there in `answered_here`'s
-        // sense: with no worker spinning (`worker_spin_us_for`), the spin
-        // keeps the client's next request from waking the thread, which
-        // would preempt the client in its `send`, and measured faster.
+        // sense: with no C/C++ worker spinning (`worker_spin_us_for`), the
+        // thread's spin keeps the client's next request from waking it,
+        // which would preempt the client in its `send`: measured faster.
         if one_cpu {
             c.beside = false;
             return false;
