@@ -283,6 +283,37 @@ def test_error_worker_crash(server):
     assert "exited while running" in err["message"], err
 
 
+def clock_runs(pid):
+    """How many times the engine's clock thread has been run by the kernel
+    (`/proc/PID/task/TID/schedstat`, third field)."""
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        if (t / "comm").read_text().strip() == "engine-clock":
+            return int((t / "schedstat").read_text().split()[2])
+    raise AssertionError("no engine-clock thread")
+
+
+def test_an_idle_engines_clock_rests_and_the_next_call_wakes_it(server):
+    """With no call for over a second, the clock thread stops scanning for
+    deadlines every 2 ms (~480 runs a second) and wakes only for
+    housekeeping (~12 a second); the next call wakes it, so a timeout that
+    call runs into still fires on time, not at the next housekeeping."""
+    time.sleep(1.5)
+    before = clock_runs(server.proc.pid)
+    time.sleep(1.0)
+    runs = clock_runs(server.proc.pid) - before
+    assert runs < 100, f"the clock ran {runs} times in an idle second"
+    r = server.invoke("hang", b"", None, 10)
+    check_error(r, 504, "timeout", in_message="did not finish within 500 ms")
+    # From its receipt to its timeout, as the engine saw it: ~500 ms when
+    # the call woke the clock, up to 100 ms more had it been left resting.
+    t = timing(r)
+    assert 495_000 <= t["queue_us"] + t["exec_us"] < 580_000, r.headers
+    # Busy again, it scans again.
+    before = clock_runs(server.proc.pid)
+    time.sleep(0.3)
+    assert clock_runs(server.proc.pid) - before > 50
+
+
 def test_error_timeout_recycles_worker(server):
     def worker_of(r):
         err = check_error(r, 504, "timeout", in_message="did not finish within 500 ms")

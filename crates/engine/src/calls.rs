@@ -122,6 +122,11 @@ impl CallTable {
         lock_shard(&self.shards[shard_of(call_id)]).get_mut(&call_id).map(f)
     }
 
+    /// No call is in flight (one shard at a time: a snapshot).
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(|s| lock_shard(s).is_empty())
+    }
+
     /// The ids of the calls `keep` accepts, one shard at a time (a call
     /// submitted meanwhile may be missed, as with any snapshot).
     pub fn select(&self, mut keep: impl FnMut(&CallRecord) -> bool) -> Vec<u64> {

@@ -787,7 +787,12 @@ impl IoThread {
         };
         let timeout_ms = sent.timeout_ms.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX));
         let frame = wire::frame::forward_frame(h.call_id, timeout_ms, sent.depth, &f);
-        match self.shared.remote.start(self.idx, h.call_id, out) {
+        let started = self.shared.remote.start(self.idx, h.call_id, out);
+        if started.is_ok() {
+            // Its deadline is the clock's to watch.
+            self.shared.rest.submitted(self.idx);
+        }
+        match started {
             Ok((thread, conn)) if thread == self.idx => self.queue_write(conn, &frame),
             Ok((thread, conn)) => self.shared.post(thread, Cmd::Reply { conn, frame }),
             Err(_) => {

@@ -136,6 +136,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         via_gateway: cfg_via.as_deref().map(via_gateway::ViaGateway::new),
         front: std::sync::OnceLock::new(),
         awake: Arc::new(awake::Awake::new(keep_awake_ms)),
+        rest: clock::Rest::new(n),
         tracer,
     });
     let awake_cpus = match shared.cfg.placement {

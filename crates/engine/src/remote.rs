@@ -80,6 +80,11 @@ impl Remote {
         lost.into_iter().filter_map(|id| st.out.remove(&id).map(|o| (id, o))).collect()
     }
 
+    /// No call sent to another server waits for its answer.
+    pub fn nothing_out(&self) -> bool {
+        lock(&self.state).out.is_empty()
+    }
+
     /// Whether any gateway is connected (so a callee elsewhere is reachable).
     pub fn connected(&self) -> bool {
         !lock(&self.state).conns.is_empty()

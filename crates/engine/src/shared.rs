@@ -357,6 +357,8 @@ pub(crate) struct Shared {
     pub front: std::sync::OnceLock<Arc<dyn crate::front::FrontDoor>>,
     /// Keeps the vCPUs from halting while calls come (`awake`).
     pub awake: Arc<crate::awake::Awake>,
+    /// Lets the clock thread rest while the engine is idle (`clock`).
+    pub rest: crate::clock::Rest,
 }
 
 /// Locks a mutex, carrying on if a thread panicked while holding it: every
@@ -451,6 +453,8 @@ impl Shared {
             let msg = format!("call id {call_id:016x} is already in flight");
             return self.deliver(call_id, *rec, Outcome::Err(ErrorKind::BadRequest, msg), None).into_iter().collect();
         }
+        // Its deadline is the clock's to watch.
+        self.rest.submitted(cur);
         let (removed, full) = {
             let mut core = func.lock_core();
             let full = core.sched.queued() >= func.spec.max_queue as usize;
