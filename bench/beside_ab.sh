@@ -14,6 +14,7 @@
 # ("Spinning only where the next message comes from another vCPU") quotes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 old=$1
 new=$2
 rounds=${3:-3}
@@ -37,7 +38,6 @@ functions:
     min_workers: 1
     max_workers: 1
 EOF
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 samples() {
   python3 -c '
 import struct, sys
@@ -51,22 +51,13 @@ for r in $(seq "$rounds"); do
   for build in old new; do
     bin=$old
     [ "$build" = new ] && bin=$new
-    p=$(port)
+    p=$(free_port)
     state=$work/$build-$r
     "$bin" up --listen "127.0.0.1:$p" --state-dir "$state" --ipc-dir "/dev/shm/staccato-beside-ab-$$-$p" \
       >"$work/$build-$r.log" 2>&1 &
     up=$!
     pids+=("$up")
-    for _ in $(seq 100); do
-      [ -s "$state/token" ] && curl -sf "http://127.0.0.1:$p/healthz" >/dev/null && break
-      kill -0 "$up" 2>/dev/null || break
-      sleep 0.1
-    done
-    if ! curl -sf "http://127.0.0.1:$p/healthz" >/dev/null; then
-      echo "$bin up did not start; its log:" >&2
-      tail -20 "$work/$build-$r.log" >&2
-      exit 1
-    fi
+    wait_up "$p" "$up" "$state" "$work/$build-$r.log"
     for f in "$work/one" bench/functions/c bench/functions/python; do
       STACCATO_GATEWAY="http://127.0.0.1:$p" STACCATO_TOKEN=$(cat "$state/token") "$bin" deploy "$f" >/dev/null
     done

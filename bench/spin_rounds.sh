@@ -14,6 +14,7 @@
 # Prints one line per round: p50/p99.9 µs per client placement, req/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 rounds=${1:-3}
 shift || true
 bin=${STACCATO_BIN:-target/release/staccato}
@@ -29,22 +30,12 @@ trap cleanup EXIT
 command -v wrk >/dev/null || { echo "wrk is needed (apt-get install wrk)" >&2; exit 1; }
 gcc -O2 -o "$work/alternate" bench/ab-client/alternate.c -lm
 echo 'wrk.method = "POST"' >"$work/post.lua"
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 for r in $(seq "$rounds"); do
-  p=$(port)
+  p=$(free_port)
   ipc=/dev/shm/staccato-spin-rounds-$p
   "$bin" up --listen "127.0.0.1:$p" --state-dir "$work/$r" --ipc-dir "$ipc" "$@" >"$work/$r.log" 2>&1 &
   up=$!
-  for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$p/healthz" >/dev/null && break
-    kill -0 "$up" 2>/dev/null || break
-    sleep 0.1
-  done
-  if ! curl -sf "http://127.0.0.1:$p/healthz" >/dev/null; then
-    echo "staccato up $* did not start; its log:" >&2
-    tail -20 "$work/$r.log" >&2
-    exit 1
-  fi
+  wait_up "$p" "$up" "$work/$r" "$work/$r.log"
   STACCATO_GATEWAY="http://127.0.0.1:$p" STACCATO_TOKEN=$(cat "$work/$r/token") "$bin" deploy bench/functions/c >/dev/null
   line="round $r:"
   for c in 0 1 free; do
