@@ -292,28 +292,53 @@ def clock_runs(pid):
     raise AssertionError("no engine-clock thread")
 
 
-def test_an_idle_engines_clock_rests_and_the_next_call_wakes_it(server):
-    """With no call for over a second, the clock thread stops scanning for
-    deadlines every 2 ms (~480 runs a second) and wakes only for
-    housekeeping (~12 a second). The next call wakes it: a 20 ms timeout
-    that call runs into fires on time, where a clock left resting until its
-    next housekeeping would fire it up to 100 ms late."""
-    late = []
-    for attempt in range(4):
-        time.sleep(1.5)
-        before = clock_runs(server.proc.pid)
+def test_the_clock_sleeps_until_the_next_deadline_and_a_call_due_sooner_wakes_it(server):
+    """The clock thread sleeps until the earliest deadline of the calls in
+    flight, the next housekeeping (every 100 ms) or connection check:
+    idle, or busy with calls of ordinary timeouts, it runs ~12 times a
+    second (it used to scan for deadlines every 2 ms, ~480 times). A call
+    due before its wake-up wakes it: a 20 ms timeout fires on time, where a
+    clock left asleep until its next housekeeping would fire it up to 80 ms
+    late. And six such timeouts in a row, each killing the Python worker (its
+    launcher) well within a second of its start, are each that call's end,
+    not a crash loop: they were counted as one, and the fourth call was
+    refused with "keeps exiting right after it starts"."""
+    pid = server.proc.pid
+    before = clock_runs(pid)
+    time.sleep(0.5)
+    idle_runs = clock_runs(pid) - before
+    assert idle_runs < 50, f"the clock ran {idle_runs} times in half an idle second"
+
+    stop, calls = threading.Event(), []
+
+    def load():
+        while not stop.is_set():
+            assert ok_body(server.invoke("echo", b"x")) == b"x"
+            calls.append(1)
+
+    with ThreadPoolExecutor(1) as ex:
+        f = ex.submit(load)
+        time.sleep(0.3)
+        before, n = clock_runs(pid), len(calls)
         time.sleep(0.5)
-        runs = clock_runs(server.proc.pid) - before
-        assert runs < 50, f"the clock ran {runs} times in half an idle second"
+        runs, n = clock_runs(pid) - before, len(calls) - n
+        stop.set()
+        f.result(10)
+    assert n >= 50, f"only {n} calls in half a second"
+    assert runs < 50, f"the clock ran {runs} times in half a second of {n} calls"
+
+    late = []
+    for attempt in range(6):
+        time.sleep(0.15)
         r = server.invoke("hang", b"", {"X-Staccato-Timeout-Ms": "20"}, 10)
         check_error(r, 504, "timeout", in_message="did not finish within 20 ms")
         # From its receipt to its timeout, as the engine saw it.
         t = timing(r)
         late.append(t["queue_us"] + t["exec_us"] - 20_000)
         assert late[-1] >= -1_000, r.headers
-    # A resting clock not woken would be 0-100 ms late each time, so all
-    # four within 30 ms by chance 1 time in 100; woken, within its 2 ms
-    # scan (and this machine's stalls).
+    # A clock not woken would be 0-80 ms late each time, so all six within
+    # 30 ms by chance less than 1 time in 100; woken, it fires on time
+    # (give or take this machine's stalls).
     assert max(late) < 30_000, f"timeouts fired {late} µs late"
 
 

@@ -122,9 +122,20 @@ impl CallTable {
         lock_shard(&self.shards[shard_of(call_id)]).get_mut(&call_id).map(f)
     }
 
-    /// No call is in flight (one shard at a time: a snapshot).
-    pub fn is_empty(&self) -> bool {
-        self.shards.iter().all(|s| lock_shard(s).is_empty())
+    /// The ids of the calls due by `now_us` (wall clock), and the earliest
+    /// deadline of the others (`u64::MAX`: none), one shard at a time.
+    pub fn due(&self, now_us: u64) -> (Vec<u64>, u64) {
+        let (mut out, mut next) = (Vec::new(), u64::MAX);
+        for s in &self.shards {
+            for (id, r) in lock_shard(s).iter() {
+                if r.deadline_us <= now_us {
+                    out.push(*id);
+                } else {
+                    next = next.min(r.deadline_us);
+                }
+            }
+        }
+        (out, next)
     }
 
     /// The ids of the calls `keep` accepts, one shard at a time (a call

@@ -2,112 +2,92 @@
 //!
 //! Kept off the I/O threads so that their `epoll_wait` never needs a
 //! timeout: arming and cancelling an hrtimer on every wait is measurable at
-//! microsecond scale. Deadlines are checked every `SCAN`, so a timeout fires
-//! up to that much late; that is fine for millisecond timeouts.
+//! microsecond scale.
 //!
-//! An idle engine's clock rests: after `REST_AFTER` with no call
-//! submitted and none in flight, it wakes only for housekeeping and
-//! connection checks (every 100 and 500 ms) instead of every `SCAN`, which
-//! charged an idle engine ~12 ms of CPU a second (BENCHMARKS.md, "Spinning
-//! only where the next message comes from another vCPU"). The next call
-//! submitted wakes it (`Rest`).
+//! It sleeps until the earliest deadline of the calls in flight, the next
+//! housekeeping (every 100 ms) or the next connection check (every 500
+//! ms), whichever comes first: a call's timeout fires on time, and under a
+//! steady load of calls with ordinary timeouts the clock wakes ~12 times a
+//! second. (It used to scan every 2 ms, ~480 runs a second, each one on a
+//! vCPU some call was using; BENCHMARKS.md, "A clock that sleeps until
+//! the next deadline".) A call registered with a deadline before the
+//! clock's wake-up wakes it (`Alarm`).
 
 use crate::shared::{Cmd, Function, LauncherState, Outcome, Shared};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use wire::ErrorKind;
 
-const SCAN: Duration = Duration::from_millis(2);
 const HOUSEKEEPING_EVERY: Duration = Duration::from_millis(100);
 const CHECK_CONNS_EVERY: Duration = Duration::from_millis(500);
-/// How long the engine must be idle before the clock rests.
-const REST_AFTER: Duration = Duration::from_secs(1);
 /// How long a call waits on a function whose every worker waits for it
 /// (`Shared::deadlock_victim`) before it is refused: a wait that lasts
 /// this long between two housekeeping rounds is no passing state.
 const DEADLOCK_AFTER: Duration = Duration::from_millis(200);
 
-/// What those who submit calls tell the clock: that they did (a count per
-/// I/O thread, each in a cache line of its own, and one more for the other
-/// threads), and, when it rests, that it must wake.
-pub(crate) struct Rest {
-    submitted: Box<[Count]>,
-    resting: AtomicBool,
+/// When the sleeping clock wakes by itself, and how a call due before
+/// that wakes it sooner.
+pub(crate) struct Alarm {
+    /// Wall-clock µs the clock sleeps until; 0 while it is awake (it looks
+    /// at every deadline before it sleeps again). Only ever lowered while
+    /// it sleeps.
+    wakes_at_us: AtomicU64,
     clock: OnceLock<std::thread::Thread>,
 }
 
-#[repr(align(64))]
-struct Count(AtomicU64);
-
-impl Rest {
-    pub fn new(io_threads: usize) -> Rest {
-        Rest {
-            submitted: (0..=io_threads).map(|_| Count(AtomicU64::new(0))).collect(),
-            resting: AtomicBool::new(false),
-            clock: OnceLock::new(),
-        }
+impl Alarm {
+    pub fn new() -> Alarm {
+        Alarm { wakes_at_us: AtomicU64::new(0), clock: OnceLock::new() }
     }
 
-    /// A call was registered (in the call table, or as sent to another
-    /// server) by I/O thread `thread` (any other thread: out of range).
-    /// Counted after it is registered, then the clock is woken if it
-    /// rests: a clock that decides to rest meanwhile either sees the
-    /// count change or is woken here.
+    /// A call due at `deadline_us` (wall clock) was registered: in the call
+    /// table, or as sent to another server. Called after it is: the clock
+    /// announces when it will wake before it looks at the deadlines, so a
+    /// call it did not see finds that announcement here, and wakes it if
+    /// the call is due sooner. (One atomic operation per call.)
     #[inline]
-    pub fn submitted(&self, thread: usize) {
-        self.submitted[thread.min(self.submitted.len() - 1)].0.fetch_add(1, SeqCst);
-        self.wake();
-    }
-
-    /// Wakes the clock if it rests (a load when it does not).
-    #[inline]
-    pub fn wake(&self) {
-        if self.resting.load(SeqCst) && self.resting.swap(false, SeqCst) {
+    pub fn registered(&self, deadline_us: u64) {
+        if self.wakes_at_us.fetch_min(deadline_us, SeqCst) > deadline_us {
             if let Some(t) = self.clock.get() {
                 t.unpark();
             }
         }
     }
 
-    fn activity(&self) -> u64 {
-        self.submitted.iter().map(|s| s.0.load(SeqCst)).fold(0, u64::wrapping_add)
+    /// Says the clock will wake at `at_us` at the latest: before it looks
+    /// at the deadlines.
+    fn announce(&self, at_us: u64) {
+        self.wakes_at_us.store(at_us, SeqCst);
     }
 
-    /// Rests until `until` unless a call was submitted since `activity`
-    /// was read; returns whether it rested. Announced before the last look
-    /// (`submitted` stores, then loads `resting`), so a call submitted
-    /// meanwhile is seen here or wakes the park.
-    fn rest(&self, activity: u64, until: Instant) -> bool {
-        self.resting.store(true, SeqCst);
-        if self.activity() != activity {
-            self.resting.store(false, SeqCst);
-            return false;
+    /// Sleeps until the announced time, lowered to `due_us` (the earliest
+    /// deadline it saw) and by any call registered since, or until such a
+    /// call wakes it; `at_most` long whatever the wall clock does (a step
+    /// back must not hold up housekeeping). Returns how long it slept.
+    fn sleep(&self, due_us: u64, at_most: Duration) -> Duration {
+        let at = self.wakes_at_us.fetch_min(due_us, SeqCst).min(due_us);
+        let t = Instant::now();
+        let now = sys::clock::unix_us();
+        if at > now {
+            std::thread::park_timeout(Duration::from_micros(at - now).min(at_most));
         }
-        std::thread::park_timeout(until.saturating_duration_since(Instant::now()));
-        self.resting.store(false, SeqCst);
-        true
+        self.wakes_at_us.store(0, SeqCst);
+        t.elapsed()
     }
 }
 
 pub(crate) fn run(shared: Arc<Shared>) {
-    let _ = shared.rest.clock.set(std::thread::current());
+    let _ = shared.alarm.clock.set(std::thread::current());
     let start = Instant::now();
     let (mut next_housekeeping, mut next_conns) = (start + HOUSEKEEPING_EVERY, start + CHECK_CONNS_EVERY);
-    let (mut activity, mut active_at) = (shared.rest.activity(), start);
     loop {
         let now = Instant::now();
-        let idle =
-            now.duration_since(active_at) >= REST_AFTER && shared.calls.is_empty() && shared.remote.nothing_out();
-        if !(idle && shared.rest.rest(activity, next_housekeeping.min(next_conns))) {
-            std::thread::sleep(SCAN);
-        }
-        expire(&shared);
+        let until = next_housekeeping.min(next_conns).saturating_duration_since(now);
+        shared.alarm.announce(sys::clock::unix_us() + until.as_micros() as u64);
+        let due = expire(&shared);
+        shared.alarm.sleep(due, until);
         let now = Instant::now();
-        let a = shared.rest.activity();
-        if a != activity {
-            (activity, active_at) = (a, now);
-        }
         if now >= next_conns {
             next_conns = now + CHECK_CONNS_EVERY;
             if shared.remote.connected() || shared.front.get().is_some() {
@@ -130,13 +110,17 @@ pub(crate) fn run(shared: Arc<Shared>) {
 /// Fails every call past its deadline. A call that was running has its
 /// worker killed: it may be stuck in a loop, and its channel closing makes
 /// the pool replace it.
-fn expire(shared: &Shared) {
+///
+/// Returns the earliest deadline (wall-clock µs) of the calls left in
+/// flight, here or sent to another server (`u64::MAX`: none).
+fn expire(shared: &Shared) -> u64 {
     let now_us = sys::clock::unix_us();
-    for (call_id, o) in shared.remote.expire(now_us) {
+    let (late, next_remote) = shared.remote.expire(now_us);
+    for (call_id, o) in late {
         let msg = format!("{} runs on another server, whose answer did not come in time", o.callee);
         crate::remote::answer(shared, call_id, o, Outcome::Err(ErrorKind::Timeout, msg));
     }
-    let expired = shared.calls.select(|r| r.deadline_us <= now_us);
+    let (expired, next) = shared.calls.due(now_us);
     for call_id in expired {
         let Some(rec) = shared.calls.remove(call_id) else { continue };
         let func = rec.func.clone();
@@ -150,6 +134,12 @@ fn expire(shared: &Shared) {
                 // worker must not be handed the next call meanwhile.
                 let mut core = func.lock_core();
                 core.sched.abandon(worker_id);
+                if pid == core.launcher.pid {
+                    // A worker that is its launcher (Python's, Node.js's):
+                    // its end is this call's, not a crash loop's, however
+                    // soon after its start (as for a death mid-call).
+                    core.launcher.crashed_mid_call = true;
+                }
                 core.kill(pid);
                 drop(core);
                 format!(
@@ -165,6 +155,7 @@ fn expire(shared: &Shared) {
             shared.post(r.thread, Cmd::Reply { conn: r.conn, frame: r.frame });
         }
     }
+    next.min(next_remote)
 }
 
 /// Shrinks pools, retries launchers that failed, lets τ decay when idle,
@@ -278,47 +269,55 @@ fn reuse(shared: &Shared, f: &Function, cc: &crate::config::ContainerConfig) {
 
 #[cfg(test)]
 mod tests {
-    use super::{busy, pause_delay, Rest};
+    use super::{busy, pause_delay, Alarm};
+    use std::sync::atomic::Ordering::SeqCst;
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
+
+    fn in_us(d: Duration) -> u64 {
+        sys::clock::unix_us() + d.as_micros() as u64
+    }
 
     #[test]
-    fn a_resting_clock_is_woken_by_the_next_call_and_rests_no_longer_than_asked() {
-        let rest = Arc::new(Rest::new(2));
-        let far = || Instant::now() + Duration::from_secs(60);
-        // A call since the clock last looked: it does not rest at all.
-        let seen = rest.activity();
-        rest.submitted(1);
-        assert!(!rest.rest(seen, far()));
-        assert!(!rest.resting.load(std::sync::atomic::Ordering::SeqCst));
-        // Resting, it is woken by the next call submitted, long before the
-        // minute it was to rest.
+    fn the_clock_sleeps_until_its_earliest_deadline_and_a_call_due_sooner_wakes_it() {
+        let alarm = Arc::new(Alarm::new());
+        let _ = alarm.clock.set(std::thread::current());
+        // It sleeps until the earlier of what it announced and what it saw.
+        alarm.announce(in_us(Duration::from_secs(60)));
+        let slept = alarm.sleep(in_us(Duration::from_millis(30)), Duration::from_secs(60));
+        assert!(slept >= Duration::from_millis(25) && slept < Duration::from_secs(30), "{slept:?}");
+        // Registrations while it is awake neither lower its next wake-up
+        // nor leave a wake for later: it sleeps as long as it announces.
+        alarm.registered(in_us(Duration::from_millis(1)));
+        assert_eq!(alarm.wakes_at_us.load(SeqCst), 0);
+        alarm.announce(in_us(Duration::from_millis(40)));
+        // A call due after that wakes nobody.
+        alarm.registered(in_us(Duration::from_secs(10)));
+        let slept = alarm.sleep(u64::MAX, Duration::from_secs(60));
+        assert!(slept >= Duration::from_millis(35) && slept < Duration::from_secs(30), "{slept:?}");
+        // What it announced in wall-clock time (here an hour, as after a
+        // step back of the wall clock) never holds it past `at_most`.
+        alarm.announce(in_us(Duration::from_secs(3600)));
+        let slept = alarm.sleep(u64::MAX, Duration::from_millis(30));
+        assert!(slept >= Duration::from_millis(25) && slept < Duration::from_secs(30), "{slept:?}");
+        // Asleep for a minute, it is woken by a call due before that (a
+        // clock thread of its own: `clock` is set once).
+        let alarm = Arc::new(Alarm::new());
         let clock = {
-            let rest = rest.clone();
+            let alarm = alarm.clone();
             std::thread::spawn(move || {
-                let _ = rest.clock.set(std::thread::current());
-                let seen = rest.activity();
-                let t = Instant::now();
-                (rest.rest(seen, Instant::now() + Duration::from_secs(60)), t.elapsed())
+                let _ = alarm.clock.set(std::thread::current());
+                alarm.announce(in_us(Duration::from_secs(60)));
+                alarm.sleep(u64::MAX, Duration::from_secs(60))
             })
         };
-        while !rest.resting.load(std::sync::atomic::Ordering::SeqCst) {
+        while alarm.wakes_at_us.load(SeqCst) == 0 {
             std::thread::sleep(Duration::from_millis(1));
         }
         std::thread::sleep(Duration::from_millis(20));
-        rest.submitted(0);
-        let (rested, took) = clock.join().unwrap();
-        assert!(rested && took < Duration::from_secs(30), "{rested} {took:?}");
-        // Submitted by a thread that is no I/O thread: counted too.
-        let seen = rest.activity();
-        rest.submitted(crate::scheduler::NO_THREAD);
-        assert_ne!(rest.activity(), seen);
-        // Its time up, a rest ends by itself, after that time.
-        let t = Instant::now();
-        assert!(rest.rest(rest.activity(), Instant::now() + Duration::from_millis(30)));
-        let took = t.elapsed();
-        assert!(took >= Duration::from_millis(25) && took < Duration::from_secs(5), "{took:?}");
-        assert!(!rest.resting.load(std::sync::atomic::Ordering::SeqCst));
+        alarm.registered(in_us(Duration::from_secs(5)));
+        let slept = clock.join().unwrap();
+        assert!(slept < Duration::from_secs(4), "{slept:?}");
     }
 
     /// Found by `bench micro` pinned to one vCPU: a redeployed function's

@@ -787,10 +787,11 @@ impl IoThread {
         };
         let timeout_ms = sent.timeout_ms.map_or(0, |t| u32::try_from(t).unwrap_or(u32::MAX));
         let frame = wire::frame::forward_frame(h.call_id, timeout_ms, sent.depth, &f);
+        let give_up_us = out.give_up_us;
         let started = self.shared.remote.start(self.idx, h.call_id, out);
         if started.is_ok() {
             // Its deadline is the clock's to watch.
-            self.shared.rest.submitted(self.idx);
+            self.shared.alarm.registered(give_up_us);
         }
         match started {
             Ok((thread, conn)) if thread == self.idx => self.queue_write(conn, &frame),

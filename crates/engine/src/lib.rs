@@ -136,7 +136,7 @@ pub fn start(cfg: EngineConfig) -> io::Result<Engine> {
         via_gateway: cfg_via.as_deref().map(via_gateway::ViaGateway::new),
         front: std::sync::OnceLock::new(),
         awake: Arc::new(awake::Awake::new(keep_awake_ms)),
-        rest: clock::Rest::new(n),
+        alarm: clock::Alarm::new(),
         tracer,
     });
     let awake_cpus = match shared.cfg.placement {

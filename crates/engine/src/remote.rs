@@ -47,8 +47,8 @@ struct State {
     conns: Vec<(usize, Token)>,
     /// Where the next forward goes when this thread has no connection.
     turn: usize,
-    /// No call in `out` gives up before this (µs): the clock's scan is
-    /// skipped until then (it runs every 2 ms; answers have 2 s of slack).
+    /// No call in `out` gives up before this (µs): the clock sleeps until
+    /// then, and scans no call here before.
     next_give_up_us: u64,
 }
 
@@ -78,11 +78,6 @@ impl Remote {
         st.conns.retain(|c| *c != (thread, conn));
         let lost: Vec<u64> = st.out.iter().filter(|(_, o)| o.conn == (thread, conn)).map(|(id, _)| *id).collect();
         lost.into_iter().filter_map(|id| st.out.remove(&id).map(|o| (id, o))).collect()
-    }
-
-    /// No call sent to another server waits for its answer.
-    pub fn nothing_out(&self) -> bool {
-        lock(&self.state).out.is_empty()
     }
 
     /// Whether any gateway is connected (so a callee elsewhere is reachable).
@@ -126,16 +121,20 @@ impl Remote {
         }
     }
 
-    /// Calls whose answer is overdue.
-    pub fn expire(&self, now_us: u64) -> Vec<(u64, OutCall)> {
+    /// Calls whose answer is overdue, and when the next of the others is
+    /// (`u64::MAX`: none left).
+    pub fn expire(&self, now_us: u64) -> (Vec<(u64, OutCall)>, u64) {
         let mut st = lock(&self.state);
-        if st.out.is_empty() || now_us < st.next_give_up_us {
-            return Vec::new();
+        if st.out.is_empty() {
+            return (Vec::new(), u64::MAX);
+        }
+        if now_us < st.next_give_up_us {
+            return (Vec::new(), st.next_give_up_us);
         }
         let late: Vec<u64> = st.out.iter().filter(|(_, o)| o.give_up_us <= now_us).map(|(id, _)| *id).collect();
         let gone = late.into_iter().filter_map(|id| st.out.remove(&id).map(|o| (id, o))).collect();
         st.next_give_up_us = st.out.values().map(|o| o.give_up_us).min().unwrap_or(u64::MAX);
-        gone
+        (gone, st.next_give_up_us)
     }
 
     /// Remembers what a call that came in from another server is called

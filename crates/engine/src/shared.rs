@@ -357,8 +357,8 @@ pub(crate) struct Shared {
     pub front: std::sync::OnceLock<Arc<dyn crate::front::FrontDoor>>,
     /// Keeps the vCPUs from halting while calls come (`awake`).
     pub awake: Arc<crate::awake::Awake>,
-    /// Lets the clock thread rest while the engine is idle (`clock`).
-    pub rest: crate::clock::Rest,
+    /// Wakes the clock thread for a call due before it would wake (`clock`).
+    pub alarm: crate::clock::Alarm,
 }
 
 /// Locks a mutex, carrying on if a thread panicked while holding it: every
@@ -445,7 +445,7 @@ impl Shared {
     /// I/O thread (for dispatch locality). Returns gateway replies to send.
     pub fn submit(&self, call_id: u64, rec: CallRecord, cur: usize) -> Vec<GatewayReply> {
         let func = rec.func.clone();
-        let (now, nested, background) = (rec.recv_ns, rec.nested, rec.background);
+        let (now, nested, background, deadline_us) = (rec.recv_ns, rec.nested, rec.background, rec.deadline_us);
         if let Err(rec) = self.calls.insert(call_id, rec) {
             // Internal calls are checked earlier (`ancestry`), with a better
             // message; this is every origin's last line. The call in flight
@@ -454,7 +454,7 @@ impl Shared {
             return self.deliver(call_id, *rec, Outcome::Err(ErrorKind::BadRequest, msg), None).into_iter().collect();
         }
         // Its deadline is the clock's to watch.
-        self.rest.submitted(cur);
+        self.alarm.registered(deadline_us);
         let (removed, full) = {
             let mut core = func.lock_core();
             let full = core.sched.queued() >= func.spec.max_queue as usize;
