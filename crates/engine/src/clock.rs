@@ -6,12 +6,15 @@
 //!
 //! It sleeps until the earliest deadline of the calls in flight, the next
 //! housekeeping (every 100 ms) or the next connection check (every 500
-//! ms), whichever comes first: a call's timeout fires on time, and under a
-//! steady load of calls with ordinary timeouts the clock wakes ~12 times a
+//! ms), whichever comes first: a call's timeout fires on time (give or
+//! take a housekeeping round in progress), and under a steady load of
+//! calls with timeouts of 100 ms or more the clock wakes ~12 times a
 //! second. (It used to scan every 2 ms, ~480 runs a second, each one on a
 //! vCPU some call was using; BENCHMARKS.md, "A clock that sleeps until
 //! the next deadline".) A call registered with a deadline before the
-//! clock's wake-up wakes it (`Alarm`).
+//! clock's wake-up wakes it (`Alarm`); after such a wake it scans every
+//! `SCAN` for `SCAN_AFTER_EARLY_WAKE`, so that calls with short timeouts
+//! do not wake it one by one (those under `SCAN` still may).
 
 use crate::shared::{Cmd, Function, LauncherState, Outcome, Shared};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -20,6 +23,11 @@ use std::time::{Duration, Instant};
 use wire::ErrorKind;
 
 const HOUSEKEEPING_EVERY: Duration = Duration::from_millis(100);
+/// How often deadlines are looked at for a while after a call due before
+/// the clock's wake-up woke it (short timeouts come in numbers).
+const SCAN: Duration = Duration::from_millis(2);
+/// How long after such a wake-up it scans every `SCAN`.
+const SCAN_AFTER_EARLY_WAKE: Duration = Duration::from_secs(1);
 const CHECK_CONNS_EVERY: Duration = Duration::from_millis(500);
 /// How long a call waits on a function whose every worker waits for it
 /// (`Shared::deadlock_victim`) before it is refused: a wait that lasts
@@ -29,9 +37,11 @@ const DEADLOCK_AFTER: Duration = Duration::from_millis(200);
 /// When the sleeping clock wakes by itself, and how a call due before
 /// that wakes it sooner.
 pub(crate) struct Alarm {
-    /// Wall-clock µs the clock sleeps until; 0 while it is awake (it looks
-    /// at every deadline before it sleeps again). Only ever lowered while
-    /// it sleeps.
+    /// Wall-clock µs the clock will wake at, at the latest: announced
+    /// before it looks at the deadlines, lowered to the earliest it found
+    /// and by calls registered since; 0 from its wake-up until it
+    /// announces the next (it looks at every deadline before it sleeps
+    /// again).
     wakes_at_us: AtomicU64,
     clock: OnceLock<std::thread::Thread>,
 }
@@ -48,6 +58,13 @@ impl Alarm {
     /// the call is due sooner. (One atomic operation per call.)
     #[inline]
     pub fn registered(&self, deadline_us: u64) {
+        // A load first: most calls are due after the wake-up, and then the
+        // cache line stays shared between the threads that register calls.
+        // (A `fetch_min` that lowers nothing changes nothing, so skipping
+        // it loses nothing.)
+        if self.wakes_at_us.load(SeqCst) <= deadline_us {
+            return;
+        }
         if self.wakes_at_us.fetch_min(deadline_us, SeqCst) > deadline_us {
             if let Some(t) = self.clock.get() {
                 t.unpark();
@@ -64,16 +81,17 @@ impl Alarm {
     /// Sleeps until the announced time, lowered to `due_us` (the earliest
     /// deadline it saw) and by any call registered since, or until such a
     /// call wakes it; `at_most` long whatever the wall clock does (a step
-    /// back must not hold up housekeeping). Returns how long it slept.
-    fn sleep(&self, due_us: u64, at_most: Duration) -> Duration {
+    /// back must not hold up housekeeping). Returns how long it slept, and
+    /// whether a call registered meanwhile lowered its wake-up.
+    fn sleep(&self, due_us: u64, at_most: Duration) -> (Duration, bool) {
         let at = self.wakes_at_us.fetch_min(due_us, SeqCst).min(due_us);
         let t = Instant::now();
         let now = sys::clock::unix_us();
         if at > now {
             std::thread::park_timeout(Duration::from_micros(at - now).min(at_most));
         }
-        self.wakes_at_us.store(0, SeqCst);
-        t.elapsed()
+        let woke_at = self.wakes_at_us.swap(0, SeqCst);
+        (t.elapsed(), woke_at < at)
     }
 }
 
@@ -81,12 +99,19 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let _ = shared.alarm.clock.set(std::thread::current());
     let start = Instant::now();
     let (mut next_housekeeping, mut next_conns) = (start + HOUSEKEEPING_EVERY, start + CHECK_CONNS_EVERY);
+    let mut scan_until = start;
     loop {
         let now = Instant::now();
-        let until = next_housekeeping.min(next_conns).saturating_duration_since(now);
+        let mut until = next_housekeeping.min(next_conns).saturating_duration_since(now);
+        if now < scan_until {
+            until = until.min(SCAN);
+        }
         shared.alarm.announce(sys::clock::unix_us() + until.as_micros() as u64);
         let due = expire(&shared);
-        shared.alarm.sleep(due, until);
+        let (_, woken_early) = shared.alarm.sleep(due, until);
+        if woken_early {
+            scan_until = Instant::now() + SCAN_AFTER_EARLY_WAKE;
+        }
         let now = Instant::now();
         if now >= next_conns {
             next_conns = now + CHECK_CONNS_EVERY;
@@ -134,10 +159,12 @@ fn expire(shared: &Shared) -> u64 {
                 // worker must not be handed the next call meanwhile.
                 let mut core = func.lock_core();
                 core.sched.abandon(worker_id);
-                if pid == core.launcher.pid {
-                    // A worker that is its launcher (Python's, Node.js's):
-                    // its end is this call's, not a crash loop's, however
-                    // soon after its start (as for a death mid-call).
+                let current = core.workers.get(&worker_id).is_some_and(|w| w.pid == pid);
+                if current && pid == core.launcher.pid {
+                    // A worker that is its launcher (Go's, Node.js's,
+                    // Python's inline): its end is this call's, not a crash
+                    // loop's, however soon after its start (as for a death
+                    // mid-call).
                     core.launcher.crashed_mid_call = true;
                 }
                 core.kill(pid);
@@ -284,7 +311,8 @@ mod tests {
         let _ = alarm.clock.set(std::thread::current());
         // It sleeps until the earlier of what it announced and what it saw.
         alarm.announce(in_us(Duration::from_secs(60)));
-        let slept = alarm.sleep(in_us(Duration::from_millis(30)), Duration::from_secs(60));
+        let (slept, early) = alarm.sleep(in_us(Duration::from_millis(30)), Duration::from_secs(60));
+        assert!(!early);
         assert!(slept >= Duration::from_millis(25) && slept < Duration::from_secs(30), "{slept:?}");
         // Registrations while it is awake neither lower its next wake-up
         // nor leave a wake for later: it sleeps as long as it announces.
@@ -293,12 +321,13 @@ mod tests {
         alarm.announce(in_us(Duration::from_millis(40)));
         // A call due after that wakes nobody.
         alarm.registered(in_us(Duration::from_secs(10)));
-        let slept = alarm.sleep(u64::MAX, Duration::from_secs(60));
+        let (slept, early) = alarm.sleep(u64::MAX, Duration::from_secs(60));
+        assert!(!early);
         assert!(slept >= Duration::from_millis(35) && slept < Duration::from_secs(30), "{slept:?}");
         // What it announced in wall-clock time (here an hour, as after a
         // step back of the wall clock) never holds it past `at_most`.
         alarm.announce(in_us(Duration::from_secs(3600)));
-        let slept = alarm.sleep(u64::MAX, Duration::from_millis(30));
+        let (slept, _) = alarm.sleep(u64::MAX, Duration::from_millis(30));
         assert!(slept >= Duration::from_millis(25) && slept < Duration::from_secs(30), "{slept:?}");
         // Asleep for a minute, it is woken by a call due before that (a
         // clock thread of its own: `clock` is set once).
@@ -316,7 +345,9 @@ mod tests {
         }
         std::thread::sleep(Duration::from_millis(20));
         alarm.registered(in_us(Duration::from_secs(5)));
-        let slept = clock.join().unwrap();
+        // (It says it was woken early, unless the call came between its
+        // announcement and its sleep, which the 20 ms make unlikely.)
+        let (slept, _early) = clock.join().unwrap();
         assert!(slept < Duration::from_secs(4), "{slept:?}");
     }
 

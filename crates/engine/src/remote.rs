@@ -47,8 +47,9 @@ struct State {
     conns: Vec<(usize, Token)>,
     /// Where the next forward goes when this thread has no connection.
     turn: usize,
-    /// No call in `out` gives up before this (µs): the clock sleeps until
-    /// then, and scans no call here before.
+    /// No call in `out` gives up before this (µs; a lower bound, stale
+    /// after an answer): the clock sleeps until then at most, and scans
+    /// no call here before.
     next_give_up_us: u64,
 }
 
