@@ -85,6 +85,8 @@ pub enum JoinError {
 pub struct Engines {
     list: RwLock<Arc<Vec<Arc<Engine>>>>,
     version: AtomicU64,
+    /// Woken at every change of membership, after the version is bumped.
+    changed: tokio::sync::Notify,
     store: Arc<Store>,
     placements: Arc<Placements>,
     secret: api::auth::Secret,
@@ -92,12 +94,30 @@ pub struct Engines {
 
 impl Engines {
     pub fn new(store: Arc<Store>, placements: Arc<Placements>, secret: api::auth::Secret) -> Engines {
-        Engines { list: RwLock::new(Arc::new(Vec::new())), version: AtomicU64::new(1), store, placements, secret }
+        Engines {
+            list: RwLock::new(Arc::new(Vec::new())),
+            version: AtomicU64::new(1),
+            changed: tokio::sync::Notify::new(),
+            store,
+            placements,
+            secret,
+        }
     }
 
     /// Bumped at every change of membership.
     pub fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
+    }
+
+    /// Completes at the next change of membership after it was made (made
+    /// before a look at the table, it misses no change after that look).
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    fn bump(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
     }
 
     pub fn snapshot(&self) -> Arc<Vec<Arc<Engine>>> {
@@ -160,7 +180,7 @@ impl Engines {
         let mut next: Vec<Arc<Engine>> = list.iter().filter(|x| x.id != j.id).cloned().collect();
         next.push(e);
         *list = Arc::new(next);
-        self.version.fetch_add(1, Ordering::AcqRel);
+        self.bump();
         Ok(true)
     }
 
@@ -225,7 +245,7 @@ impl Engines {
         let mut next = (**list).clone();
         f(&mut next);
         *list = Arc::new(next);
-        self.version.fetch_add(1, Ordering::AcqRel);
+        self.bump();
     }
 }
 
