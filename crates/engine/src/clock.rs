@@ -55,7 +55,8 @@ impl Alarm {
     /// table, or as sent to another server. Called after it is: the clock
     /// announces when it will wake before it looks at the deadlines, so a
     /// call it did not see finds that announcement here, and wakes it if
-    /// the call is due sooner. (One atomic operation per call.)
+    /// the call is due sooner. (An atomic load per call, and a
+    /// `fetch_min` for one due sooner.)
     #[inline]
     pub fn registered(&self, deadline_us: u64) {
         // A load first: most calls are due after the wake-up, and then the
