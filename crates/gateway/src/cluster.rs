@@ -180,6 +180,7 @@ impl Engines {
         let mut next: Vec<Arc<Engine>> = list.iter().filter(|x| x.id != j.id).cloned().collect();
         next.push(e);
         *list = Arc::new(next);
+        drop(list);
         self.bump();
         Ok(true)
     }
@@ -245,6 +246,7 @@ impl Engines {
         let mut next = (**list).clone();
         f(&mut next);
         *list = Arc::new(next);
+        drop(list);
         self.bump();
     }
 }

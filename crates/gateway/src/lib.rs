@@ -642,13 +642,13 @@ fn async_thread(sh: Arc<GwShared>, idx: usize) {
     });
 }
 
-/// A thread's links to the engines, kept in line with the engine table,
-/// and the internal calls the engines forward on them, each run on a task
-/// of its own. Call from within the thread's `LocalSet`.
 /// How often a thread brings its links and routes up to date even if no
 /// change of the engine table woke it.
 const SYNC_AT_LEAST_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A thread's links to the engines, kept in line with the engine table,
+/// and the internal calls the engines forward on them, each run on a task
+/// of its own. Call from within the thread's `LocalSet`.
 fn thread_state(sh: &Arc<GwShared>, idx: usize) -> Rc<ThreadState> {
     let (forwards, mut forwarded) = tokio::sync::mpsc::unbounded_channel();
     let th = Rc::new(ThreadState {
