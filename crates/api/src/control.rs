@@ -44,6 +44,11 @@ pub enum Request {
     Unregister { name: String },
     /// Every function the engine runs, and how.
     Status,
+    /// Only the names of the functions the engine runs: what a gateway's
+    /// heartbeat asks every 200 ms (an engine that restarted lost them),
+    /// answered without looking into any function. An engine older than
+    /// it refuses it `bad_request`; ask `Status` then.
+    Names,
     /// [`Request::Status`] with each function's process usage read from
     /// the kernel (`FunctionStatus::usage`): more work, asked for only by
     /// those that want it (`bench run`).
@@ -71,6 +76,7 @@ impl Request {
             Request::Register { .. } => "register",
             Request::Unregister { .. } => "unregister",
             Request::Status => "status",
+            Request::Names => "names",
             Request::StatusWithUsage => "status with usage",
             Request::Logs { .. } => "logs",
             Request::Trace { .. } => "trace",
@@ -96,6 +102,10 @@ pub enum Reply {
         /// plain processes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pool: Option<PoolStatus>,
+    },
+    /// The names of the functions the engine runs (`Request::Names`).
+    Names {
+        names: Vec<String>,
     },
     Traces {
         traces: Vec<TraceRecord>,
@@ -387,6 +397,7 @@ mod tests {
         let trace = Request::Trace { function: Some("f".into()), limit: 7 };
         assert_eq!(roundtrip_request(&trace, b"").unwrap(), (trace, vec![]));
         assert_eq!(roundtrip_request(&Request::Status, b"").unwrap(), (Request::Status, vec![]));
+        assert_eq!(roundtrip_request(&Request::Names, b"").unwrap(), (Request::Names, vec![]));
         let spec: FunctionSpec = serde_json::from_value(serde_json::json!({
             "name": "f", "runtime": "python", "source": format!("sha256:{}", "0".repeat(64))
         }))
@@ -406,6 +417,9 @@ mod tests {
         assert_eq!(v, serde_json::json!({"refused": {"kind": "not_found", "message": "no function named \"f\""}}));
         let v = serde_json::to_value(Answer::<_, Refusal>::Ok(Reply::Unregistered { name: "f".into() })).unwrap();
         assert_eq!(v, serde_json::json!({"ok": {"unregistered": {"name": "f"}}}));
+        assert_eq!(serde_json::to_value(Request::Names).unwrap(), serde_json::json!({"op": "names"}));
+        let v = serde_json::to_value(Answer::<_, Refusal>::Ok(Reply::Names { names: vec!["f".into()] })).unwrap();
+        assert_eq!(v, serde_json::json!({"ok": {"names": {"names": ["f"]}}}));
     }
 
     #[test]
@@ -413,6 +427,7 @@ mod tests {
         for answer in [
             Ok(Reply::Registered { name: "f".into(), notes: "installed 1".into() }),
             Ok(Reply::Status { functions: vec![], pool: None }),
+            Ok(Reply::Names { names: vec!["a".into(), "b".into()] }),
             Ok(Reply::Status {
                 functions: vec![],
                 pool: Some(PoolStatus { idle: 2, target: 4, ..Default::default() }),

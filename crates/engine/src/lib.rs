@@ -231,6 +231,9 @@ fn serve_control(shared: &Shared, mut stream: TcpStream) -> io::Result<()> {
     loop {
         let answer = match control::read_request(&mut stream) {
             Ok(None) => return Ok(()),
+            // The gateway's heartbeat, every 200 ms: answered here, without
+            // waking the supervisor.
+            Ok(Some(Ok((control::Request::Names, _)))) => Ok(shared.names()),
             Ok(Some(Ok((req, attachment)))) => {
                 let (tx, rx) = mpsc::channel();
                 let _ = shared::lock(&shared.supervisor).send(SupervisorCmd::Control(Box::new(req), attachment, tx));

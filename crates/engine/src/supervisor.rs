@@ -147,6 +147,7 @@ impl Supervisor {
             Request::Register { .. } => Err(Refusal::new(RefusalKind::Internal, "registration sent the wrong way")),
             Request::Unregister { name } => self.unregister(&name),
             Request::Status => Ok(Reply::Status { functions: self.shared.status(false), pool: self.pool_status() }),
+            Request::Names => Ok(self.shared.names()),
             Request::StatusWithUsage => {
                 Ok(Reply::Status { functions: self.shared.status(true), pool: self.pool_status() })
             }

@@ -184,6 +184,8 @@ fn control_thread(
     let mut reconciled = std::time::Instant::now();
     // Registrations that failed on this connection (stored fingerprints).
     let mut failed = std::collections::HashSet::new();
+    // The engine on this connection does not know `Names` (an older one).
+    let mut no_names = false;
     let set_serving = |names: Vec<String>| *flags.serving.lock().unwrap_or_else(|p| p.into_inner()) = names;
     // A job taken while checking for the client's end, run next.
     let mut pending: Option<Job> = None;
@@ -219,6 +221,7 @@ fn control_thread(
                 last_error.clear();
                 flags.stale.store(false, Ordering::Release);
                 failed.clear();
+                no_names = false;
                 match reconcile(c, &store, &placed_here, &mut failed) {
                     Ok(names) => {
                         set_serving(names);
@@ -234,7 +237,7 @@ fn control_thread(
                     // next round that can read it.
                     Err(e) => {
                         log::error!("reconciling engine {addr} with the store: {e}; it serves what it has");
-                        match status_names(conn.as_mut().expect("connected")) {
+                        match status_names(conn.as_mut().expect("connected"), &mut no_names) {
                             Ok(names) => {
                                 set_serving(names);
                                 reconciled = std::time::Instant::now();
@@ -272,7 +275,7 @@ fn control_thread(
                     reconciled = std::time::Instant::now();
                     reconcile(c, &store, &placed_here, &mut failed)
                 } else {
-                    status_names(c)
+                    status_names(c, &mut no_names)
                 };
                 match result {
                     Ok(names) => set_serving(names),
@@ -325,14 +328,20 @@ fn unix_ms() -> u64 {
 /// have no limit.
 const STATUS_ANSWER_MAX: Duration = Duration::from_secs(2);
 
+/// A status request's round trip, its answer waited for at most
+/// `STATUS_ANSWER_MAX`.
+fn status_roundtrip(c: &mut TcpStream, req: &Request) -> Result<Reply, ControlError> {
+    let limit = |c: &TcpStream, d| c.set_read_timeout(d).map_err(|e| ControlError::Broken(e.to_string()));
+    limit(c, Some(STATUS_ANSWER_MAX))?;
+    let answer = roundtrip(c, req, &[]);
+    limit(c, None)?;
+    answer
+}
+
 /// The engine's functions.
 fn status(c: &mut TcpStream) -> Result<Vec<Running>, ControlError> {
     let now = unix_ms();
-    let limit = |c: &TcpStream, d| c.set_read_timeout(d).map_err(|e| ControlError::Broken(e.to_string()));
-    limit(c, Some(STATUS_ANSWER_MAX))?;
-    let answer = roundtrip(c, &Request::Status, &[]);
-    limit(c, None)?;
-    match answer? {
+    match status_roundtrip(c, &Request::Status)? {
         Reply::Status { functions, .. } => Ok(functions
             .into_iter()
             .map(|f| Running { name: f.name, spec: f.spec, since_ms: now.saturating_sub(f.age_ms) })
@@ -341,7 +350,19 @@ fn status(c: &mut TcpStream) -> Result<Vec<Running>, ControlError> {
     }
 }
 
-fn status_names(c: &mut TcpStream) -> Result<Vec<String>, ControlError> {
+/// The names of the engine's functions (the heartbeat's question): a
+/// `Names` request, which the engine answers without looking into any
+/// function, or `Status` of an engine too old to know it (it refuses it
+/// `bad_request`; `no_names` keeps that for the connection).
+fn status_names(c: &mut TcpStream, no_names: &mut bool) -> Result<Vec<String>, ControlError> {
+    if !*no_names {
+        match status_roundtrip(c, &Request::Names) {
+            Ok(Reply::Names { names }) => return Ok(names),
+            Ok(other) => return Err(ControlError::Broken(format!("a names request was answered {other:?}"))),
+            Err(ControlError::Refused(r)) if r.kind == RefusalKind::BadRequest => *no_names = true,
+            Err(e) => return Err(e),
+        }
+    }
     Ok(status(c)?.into_iter().map(|f| f.name).collect())
 }
 
@@ -536,6 +557,72 @@ fn roundtrip(c: &mut TcpStream, req: &Request, attachment: &[u8]) -> Result<Repl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An engine on a socket that answers `status` with one function `f`
+    /// and, unless it `knows_names`, refuses `names` as an engine older
+    /// than the request does (an unknown `op`); returns the ops it got.
+    fn fake_engine(knows_names: bool) -> (SocketAddr, std::thread::JoinHandle<Vec<String>>) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let h = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().expect("accept");
+            let mut ops = Vec::new();
+            while let Ok(Some(Ok((req, _)))) = control::read_request(&mut c) {
+                ops.push(req.op().to_string());
+                let answer = match req {
+                    Request::Names if !knows_names => {
+                        Err(Refusal::new(RefusalKind::BadRequest, "invalid control request: unknown variant `names`"))
+                    }
+                    Request::Names => Ok(Reply::Names { names: vec!["f".into()] }),
+                    Request::Status => Ok(Reply::Status {
+                        functions: vec![control::FunctionStatus {
+                            name: "f".into(),
+                            spec: "v1".into(),
+                            age_ms: 5,
+                            runtime: "c".into(),
+                            container: None,
+                            launcher: control::LauncherState::Ready,
+                            last_error: String::new(),
+                            completed: 0,
+                            failed: 0,
+                            scheduler: Default::default(),
+                            usage: None,
+                        }],
+                        pool: None,
+                    }),
+                    other => Err(Refusal::new(RefusalKind::BadRequest, format!("unexpected {}", other.op()))),
+                };
+                control::write_answer(&mut c, &answer).expect("answer");
+            }
+            ops
+        });
+        (addr, h)
+    }
+
+    #[test]
+    fn the_heartbeat_asks_names_and_falls_back_to_status_on_an_older_engine() {
+        // An engine that knows `names` is asked only that.
+        let (addr, h) = fake_engine(true);
+        let mut c = TcpStream::connect(addr).expect("connect");
+        let mut no_names = false;
+        for _ in 0..2 {
+            assert_eq!(status_names(&mut c, &mut no_names).expect("names"), vec!["f".to_string()]);
+        }
+        assert!(!no_names);
+        drop(c);
+        assert_eq!(h.join().expect("engine"), vec!["names", "names"]);
+        // An older one refuses it once, and is asked `status` from then on,
+        // with the same answer for the heartbeat.
+        let (addr, h) = fake_engine(false);
+        let mut c = TcpStream::connect(addr).expect("connect");
+        let mut no_names = false;
+        for _ in 0..2 {
+            assert_eq!(status_names(&mut c, &mut no_names).expect("names"), vec!["f".to_string()]);
+        }
+        assert!(no_names);
+        drop(c);
+        assert_eq!(h.join().expect("engine"), vec!["names", "status", "status"]);
+    }
 
     #[test]
     fn reconciliation_never_undoes_a_deploy_under_way() {
