@@ -57,7 +57,7 @@ def control_request():
     reg = json.dumps({"op": "register", "spec": spec}).encode()
     put("control_request", "register", frame(kinds["Control"], reg + b"x", a=len(reg)))
     put("control_request", "ops", b"".join(frame(kinds["Control"], json.dumps(r).encode()) for r in (
-        {"op": "status"}, {"op": "unregister", "name": "f"}, {"op": "trace", "function": "f", "limit": 5})))
+        {"op": "status"}, {"op": "names"}, {"op": "unregister", "name": "f"}, {"op": "trace", "function": "f", "limit": 5})))
     put("control_request", "bad_len", frame(kinds["Control"], b'{"op":"status"}', a=99))
     answers = [{"ok": {"registered": {"name": "f", "notes": ""}}},
                {"refused": {"kind": "not_found", "message": "no function named \"f\""}}]
