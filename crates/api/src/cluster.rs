@@ -107,7 +107,8 @@ pub struct EngineRow {
     /// Internal calls it sent to this gateway for another engine to run.
     #[serde(default)]
     pub forwarded: u64,
-    /// The functions it runs, at its last status (every 200 ms).
+    /// The functions it runs, at the gateway's last heartbeat (every
+    /// 200 ms) or reconciliation.
     #[serde(default)]
     pub functions: Vec<String>,
 }

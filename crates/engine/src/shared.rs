@@ -1053,14 +1053,16 @@ impl Shared {
         }
     }
 
-    /// Every function's state; with `usage`, its processes' CPU and
-    /// scheduling read from /proc too (after its lock is let go).
-    /// The names of the functions it runs (`Request::Names`): no
-    /// function's lock taken.
+    /// The names of the functions it runs (`Request::Names`), sorted as
+    /// `status` sorts them: no function's lock taken.
     pub fn names(&self) -> api::control::Reply {
-        api::control::Reply::Names { names: self.functions().iter().map(|f| f.spec.name.clone()).collect() }
+        let mut names: Vec<String> = self.functions().iter().map(|f| f.spec.name.clone()).collect();
+        names.sort_unstable();
+        api::control::Reply::Names { names }
     }
 
+    /// Every function's state; with `usage`, its processes' CPU and
+    /// scheduling read from /proc too (after its lock is let go).
     pub fn status(&self, usage: bool) -> Vec<api::control::FunctionStatus> {
         use api::control::{ContainerStatus, FunctionStatus};
         let now = sys::clock::monotonic_ns();

@@ -116,8 +116,9 @@ impl ControlClient {
         self.flags.connected.load(Ordering::Acquire)
     }
 
-    /// The functions the engine said it runs, at its last status (at most
-    /// `HEARTBEAT` ago while connected).
+    /// The functions the engine said it runs, at its last heartbeat
+    /// (`Names`) or reconciliation (`Status`): at most `HEARTBEAT` ago
+    /// while connected.
     pub fn serving(&self) -> Vec<String> {
         self.flags.serving.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -357,7 +358,11 @@ fn status(c: &mut TcpStream) -> Result<Vec<Running>, ControlError> {
 fn status_names(c: &mut TcpStream, no_names: &mut bool) -> Result<Vec<String>, ControlError> {
     if !*no_names {
         match status_roundtrip(c, &Request::Names) {
-            Ok(Reply::Names { names }) => return Ok(names),
+            Ok(Reply::Names { mut names }) => {
+                // In a known order, whatever the engine's.
+                names.sort_unstable();
+                return Ok(names);
+            }
             Ok(other) => return Err(ControlError::Broken(format!("a names request was answered {other:?}"))),
             Err(ControlError::Refused(r)) if r.kind == RefusalKind::BadRequest => *no_names = true,
             Err(e) => return Err(e),
