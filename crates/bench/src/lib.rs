@@ -2,8 +2,9 @@
 //! Each measures Staccato next to a floor or a baseline in the same run
 //! (BENCHMARKS.md says how each figure was taken):
 //!
-//! * [`micro`]: raw pipes, message channels and plain HTTP as floors, then
-//!   internal and external calls and throughput for every language;
+//! * [`micro`]: raw pipes, message channels and plain HTTP as floors (in
+//!   one process, and between processes: [`floor`]), then internal and
+//!   external calls and throughput for every language;
 //! * [`coldstart`]: container starts with `runc run`, from the isolation
 //!   pool, by resuming a paused container, and by zygote fork;
 //! * [`cluster`]: a cluster on test hosts: the external path to an engine
@@ -16,6 +17,7 @@
 pub mod bed;
 pub mod cluster;
 pub mod coldstart;
+pub mod floor;
 pub mod micro;
 
 pub use micro::{find_repo, git_describe};

@@ -8,6 +8,7 @@
 //!
 //! Benchmarks are programs, not timed tests: nothing here asserts a number.
 
+use crate::floor;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use client::http::read_response;
@@ -121,6 +122,14 @@ pub fn run(a: MicroArgs) -> Result<()> {
         progress("floor: raw 1 KB pipe ping-pong");
         rows.push(Row::latency("pipe 1KB round trip", "same vCPU", pipe_pingpong(a.calls, cpus[0], cpus[0])?));
         rows.push(Row::latency("pipe 1KB round trip", "across vCPUs", pipe_pingpong(a.calls, cpus[0], other)?));
+        progress("floor: 1 KB round trips to another process, and through a relay process, on one vCPU");
+        sys::cpu::set_affinity(0, &cpus[..1])?;
+        let two = floor::pipe_round_trips(floor::Kind::Echo, a.calls);
+        let three = two.and_then(|two| Ok((two, floor::pipe_round_trips(floor::Kind::Relay, a.calls)?)));
+        sys::cpu::set_affinity(0, &cpus)?;
+        let (two, three) = three?;
+        rows.push(Row::latency("pipe 1KB round trip, two processes", "same vCPU", two));
+        rows.push(Row::latency("pipe 1KB via a relay process", "same vCPU", three));
         progress("message channel one-way latency");
         rows.push(Row::latency("channel one-way", "same vCPU", channel_one_way(a.calls, cpus[0], cpus[0])?));
         rows.push(Row::latency("channel one-way", "across vCPUs", channel_one_way(a.calls, cpus[0], other)?));
@@ -161,6 +170,13 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
     if !a.no_floors {
         eprintln!("  plain HTTP server round trip (floor for the external path)");
         rows.push(Row::latency("plain HTTP keep-alive round trip", mode, plain_http(a.calls)?));
+        eprintln!("  plain HTTP server in its own process, and one relaying to a worker process");
+        for (kind, name) in
+            [(floor::Kind::Http, "plain HTTP, server process"), (floor::Kind::HttpRelay, "HTTP via a relay process")]
+        {
+            let mut p = floor::Peer::start(kind)?;
+            rows.push(Row::latency(name, mode, plain_http_client(p.http_addr()?, a.calls)?));
+        }
     }
     let low_n = (a.low_load_s * a.low_rate).round() as usize;
     if low_n > 0 {
@@ -177,6 +193,20 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
             mode,
             paced(&mut c, "/", a.low_rate, low_n)?,
         ));
+        if !a.no_floors {
+            eprintln!("  the same, to a plain HTTP server process and to a relay");
+            for (kind, name) in
+                [(floor::Kind::Http, "plain HTTP process"), (floor::Kind::HttpRelay, "HTTP relay process")]
+            {
+                let mut p = floor::Peer::start(kind)?;
+                let mut c = Client::new(&format!("http://{}", p.http_addr()?), None)?;
+                rows.push(Row::latency(
+                    &format!("{name} at {:.0}/s, open loop", a.low_rate),
+                    mode,
+                    paced(&mut c, "/", a.low_rate, low_n)?,
+                ));
+            }
+        }
     }
     let server = Server::start(&a.up_args)?;
     let mut c = Client::new(&server.url, client::read_token(&server.state))?;
@@ -416,32 +446,7 @@ fn plain_http(n: usize) -> Result<Vec<u64>> {
 pub(crate) fn plain_http_server(l: TcpListener) {
     std::thread::spawn(move || {
         if let Ok((s, _)) = l.accept() {
-            let _ = s.set_nodelay(true);
-            let mut w = s.try_clone().expect("clone socket");
-            let mut r = BufReader::new(s);
-            let mut line = String::new();
-            loop {
-                let mut len = 0usize;
-                loop {
-                    line.clear();
-                    if std::io::BufRead::read_line(&mut r, &mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line == "\r\n" {
-                        break;
-                    }
-                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                        len = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body = vec![0u8; len];
-                if r.read_exact(&mut body).is_err() {
-                    return;
-                }
-                if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_err() {
-                    return;
-                }
-            }
+            floor::serve_http(s, &mut |_| Ok(()));
         }
     });
 }

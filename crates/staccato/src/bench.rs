@@ -20,6 +20,10 @@ pub enum BenchCmd {
     /// gateway's host, another host and `staccato up`; internal calls
     /// across servers; throughput and CPU per call with 1-3 engines.
     Cluster(staccato_bench::cluster::ClusterArgs),
+    /// A floor's peer process for `bench micro` (an echo, a relay, a plain
+    /// HTTP server): internal.
+    #[command(hide = true)]
+    Floor(staccato_bench::floor::FloorArgs),
     /// Analyze a run directory (python3 -m staccato_analyzer analyze).
     Analyze { run: PathBuf },
     /// Compare run directories (python3 -m staccato_analyzer compare).
@@ -64,6 +68,7 @@ pub fn run(cmd: BenchCmd, gateway: &str, token: Option<String>) -> Result<()> {
             crate::up::init_logging();
             staccato_bench::coldstart::run(a)
         }
+        BenchCmd::Floor(a) => staccato_bench::floor::peer(a),
         BenchCmd::Analyze { run } => analyzer_checked("analyze", &[run]),
         BenchCmd::Compare { mut runs, out } => {
             if let Some(out) = out {
