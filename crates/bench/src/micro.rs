@@ -157,8 +157,71 @@ pub fn run(a: MicroArgs) -> Result<()> {
         );
     } else {
         print_table(&rows);
+        print_ratios(&rows);
     }
     Ok(())
+}
+
+/// The ratios issue 14 sets targets for, each against the floor in one
+/// process (the issue's), between processes and through a relay process
+/// (BENCHMARKS.md, "The floors of the design"), for what this run measured.
+fn print_ratios(rows: &[Row]) {
+    let p50 = |name: &str, mode: &str| {
+        rows.iter().find(|r| r.name == name && r.mode == mode && r.rate.is_none()).map(|r| r.pct_us(50.0))
+    };
+    let mut lines = Vec::new();
+    let mut ratio = |what: &str, ours: Option<f64>, floors: [(&str, Option<f64>); 3]| {
+        let Some(ours) = ours else { return };
+        let parts: Vec<String> = floors
+            .iter()
+            .filter_map(|(label, f)| f.filter(|f| *f > 0.0).map(|f| format!("{:.2}x {label}", ours / f)))
+            .collect();
+        if !parts.is_empty() {
+            lines.push(format!("  {what}: {}", parts.join(", ")));
+        }
+    };
+    let low = rows
+        .iter()
+        .find(|r| r.name.starts_with("plain HTTP at "))
+        .map(|r| r.name["plain HTTP at ".len()..].to_string());
+    for mode in ["pinned", "default"] {
+        ratio(
+            &format!("internal C nop p50 ({mode})"),
+            p50("internal nop call, C", mode),
+            [
+                ("the pipe", p50("pipe 1KB round trip", "same vCPU")),
+                ("the pipe between processes", p50("pipe 1KB round trip, two processes", "same vCPU")),
+                ("the relay", p50("pipe 1KB via a relay process", "same vCPU")),
+            ],
+        );
+        ratio(
+            &format!("external C nop p50 ({mode})"),
+            p50("external nop call, C", mode),
+            [
+                ("plain HTTP", p50("plain HTTP keep-alive round trip", mode)),
+                ("its server process", p50("plain HTTP, server process", mode)),
+                ("the relay", p50("HTTP via a relay process", mode)),
+            ],
+        );
+        if let Some(low) = &low {
+            let rate = low.trim_end_matches(", open loop");
+            ratio(
+                &format!("C nop at {rate} p50 ({mode})"),
+                p50(&format!("external nop at {low}, C"), mode),
+                [
+                    ("plain HTTP", p50(&format!("plain HTTP at {low}"), mode)),
+                    ("its server process", p50(&format!("plain HTTP process at {low}"), mode)),
+                    ("the relay", p50(&format!("HTTP relay process at {low}"), mode)),
+                ],
+            );
+        }
+    }
+    if !lines.is_empty() {
+        println!("\nratios to the floors measured in this run (same vCPU for the pipes):");
+        for l in lines {
+            println!("{l}");
+        }
+    }
 }
 
 /// Languages measured, in table order; each has `bench/functions/<lang>/`
