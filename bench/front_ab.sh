@@ -11,6 +11,7 @@
 # BENCHMARKS.md ("The engine as the front door") quotes them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 mode=${1:-default}
 calls=${2:-20000}
 rounds=${3:-3}
@@ -27,23 +28,20 @@ pin=()
 [ "$mode" = pinned ] && pin=(taskset -c 0)
 gcc -O2 -o "$work/alternate" bench/ab-client/alternate.c -lm
 gcc -O2 -o "$work/plain" bench/ab-client/plain.c
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-declare -A ports
+declare -A ports upids
 for fd in engine gateway; do
-  p=$(port)
+  p=$(free_port)
   ports[$fd]=$p
   STACCATO_STATE_DIR="$work/$fd" "${pin[@]}" "$bin" up --listen "127.0.0.1:$p" --state-dir "$work/$fd" \
     --ipc-dir "/dev/shm/staccato-front-ab-$p" --front-door "$fd" >"$work/$fd.log" 2>&1 &
   pids+=($!)
+  upids[$fd]=$!
 done
-plain=$(port)
+plain=$(free_port)
 "${pin[@]}" "$work/plain" "$plain" &
 pids+=($!)
 for fd in engine gateway; do
-  for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:${ports[$fd]}/healthz" >/dev/null && break
-    sleep 0.1
-  done
+  wait_up "${ports[$fd]}" "${upids[$fd]}" "$work/$fd" "$work/$fd.log"
   STACCATO_GATEWAY="http://127.0.0.1:${ports[$fd]}" STACCATO_TOKEN=$(cat "$work/$fd/token") \
     "$bin" deploy bench/functions/c >/dev/null
 done

@@ -9,6 +9,7 @@
 # BENCHMARKS.md ("gRPC ingress") quotes the figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 calls=${1:-20000}
 rounds=${2:-3}
 bin=target/release/staccato
@@ -21,16 +22,12 @@ cleanup() {
 }
 trap cleanup EXIT
 (cd bench/grpc-client && go build -o "$work/grpc-client" .)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-http=$(port)
-grpc=$(port)
+http=$(free_port)
+grpc=$(free_port)
 "$bin" up --listen "127.0.0.1:$http" --grpc-listen "127.0.0.1:$grpc" --state-dir "$work/state" \
   --ipc-dir "/dev/shm/staccato-grpc-ab-$http" >"$work/up.log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$http/healthz" >/dev/null && break
-  sleep 0.1
-done
+wait_up "$http" "$pid" "$work/state" "$work/up.log"
 STACCATO_GATEWAY="http://127.0.0.1:$http" STACCATO_TOKEN=$(cat "$work/state/token") \
   "$bin" deploy bench/functions/c >/dev/null
 for r in $(seq "$rounds"); do

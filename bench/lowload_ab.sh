@@ -15,6 +15,7 @@
 # quotes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 old=$1
 new=$2
 rounds=${3:-3}
@@ -28,24 +29,19 @@ cleanup() {
 trap cleanup EXIT
 gcc -O2 -o "$work/alternate" bench/ab-client/alternate.c -lm
 gcc -O2 -o "$work/plain" bench/ab-client/plain.c
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-plain=$(port)
+plain=$(free_port)
 "$work/plain" "$plain" &
 pids+=($!)
 for r in $(seq "$rounds"); do
   for v in old new; do
     bin=$old
     [ "$v" = new ] && bin=$new
-    p=$(port)
+    p=$(free_port)
     "$bin" up --listen "127.0.0.1:$p" --state-dir "$work/$v-$r" --ipc-dir "/dev/shm/staccato-lowload-ab-$p" \
       >"$work/$v-$r.log" 2>&1 &
     up=$!
     pids+=("$up")
-    for _ in $(seq 100); do
-      curl -sf "http://127.0.0.1:$p/healthz" >/dev/null && break
-      sleep 0.1
-    done
-    curl -sf "http://127.0.0.1:$p/healthz" >/dev/null || { echo "staccato up ($bin) did not start: $work/$v-$r.log" >&2; exit 1; }
+    wait_up "$p" "$up" "$work/$v-$r" "$work/$v-$r.log"
     STACCATO_GATEWAY="http://127.0.0.1:$p" STACCATO_TOKEN=$(cat "$work/$v-$r/token") \
       "$bin" deploy bench/functions/c >/dev/null
     for c in 0 1 any; do

@@ -3,6 +3,7 @@ after a format changes; `make fuzz` copies them into a scratch corpus).
 
 Seeds are valid inputs and near misses, so each fuzzer starts inside the
 format instead of spending its time on the magic bytes."""
+import gzip
 import hashlib
 import io
 import json
@@ -102,8 +103,10 @@ def http_inputs():
 
 
 def tgz(entries):
+    """A .tar.gz of `entries`, the same bytes on every run (gzip's header
+    would otherwise carry the time it was written)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as z, tarfile.open(fileobj=z, mode="w") as t:
         for name, kind, data in entries:
             info = tarfile.TarInfo(name)
             info.type = kind
