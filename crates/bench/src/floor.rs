@@ -23,14 +23,14 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The size of a floor's message: a channel message's, as the pipe
 /// floor of [`crate::micro`] sends.
 const MSG: usize = wire::message::MESSAGE_LEN;
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum Kind {
+pub enum PeerKind {
     /// Echoes MSG-byte messages from stdin to stdout until end of file.
     Echo,
     /// Passes MSG-byte messages from stdin to an echo process and its
@@ -45,7 +45,7 @@ pub enum Kind {
 
 #[derive(Args, Clone)]
 pub struct FloorArgs {
-    kind: Kind,
+    kind: PeerKind,
 }
 
 /// `staccato bench floor KIND`: a floor's peer process.
@@ -53,9 +53,9 @@ pub fn peer(a: FloorArgs) -> Result<()> {
     let stdin = File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
     let stdout = File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
     match a.kind {
-        Kind::Echo => echo(stdin, stdout),
-        Kind::Relay => {
-            let mut worker = Peer::start(Kind::Echo)?;
+        PeerKind::Echo => echo(stdin, stdout),
+        PeerKind::Relay => {
+            let mut worker = Peer::start(PeerKind::Echo)?;
             let (mut r, mut w) = (stdin, stdout);
             let mut m = [0u8; MSG];
             while r.read_exact(&mut m).is_ok() {
@@ -64,14 +64,20 @@ pub fn peer(a: FloorArgs) -> Result<()> {
             }
             Ok(())
         }
-        Kind::Http | Kind::HttpRelay => {
+        PeerKind::Http | PeerKind::HttpRelay => {
             let l = TcpListener::bind("127.0.0.1:0")?;
             writeln!(&stdout, "{}", l.local_addr()?.port())?;
+            // Its end is the end of its stdin: when the benchmark closes
+            // it, or dies (however), this process goes too.
+            std::thread::spawn(move || {
+                let mut stdin = stdin;
+                let _ = std::io::copy(&mut stdin, &mut std::io::sink());
+                std::process::exit(0);
+            });
             let mut worker = match a.kind {
-                Kind::HttpRelay => Some(Peer::start(Kind::Echo)?),
+                PeerKind::HttpRelay => Some(Peer::start(PeerKind::Echo)?),
                 _ => None,
             };
-            // Ends when the benchmark kills it.
             loop {
                 let (s, _) = l.accept()?;
                 serve_http(s, &mut |head| match &mut worker {
@@ -88,7 +94,8 @@ pub fn peer(a: FloorArgs) -> Result<()> {
     }
 }
 
-fn echo(mut r: File, mut w: File) -> Result<()> {
+/// Writes back each MSG-byte message read, until end of file.
+pub(crate) fn echo(mut r: impl Read, mut w: impl Write) -> Result<()> {
     let mut m = [0u8; MSG];
     while r.read_exact(&mut m).is_ok() {
         w.write_all(&m)?;
@@ -140,7 +147,7 @@ pub(crate) struct Peer {
 }
 
 impl Peer {
-    pub(crate) fn start(kind: Kind) -> Result<Peer> {
+    pub(crate) fn start(kind: PeerKind) -> Result<Peer> {
         let name = kind.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
         let mut child = Command::new(std::env::current_exe()?)
             .args(["bench", "floor", &name])
@@ -175,9 +182,17 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        // End of file ends an echo or a relay (and its worker); the HTTP
-        // peers serve until killed.
+        // End of file on its stdin ends every peer (and a relay's worker,
+        // whose stdin the relay holds); one that has not gone within a
+        // second is killed.
         self.tx.take();
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -185,19 +200,11 @@ impl Drop for Peer {
 
 /// MSG-byte round trips from this process to a `kind` peer (echo: two
 /// processes; relay: three), `n` timed after n/10 untimed.
-pub(crate) fn pipe_round_trips(kind: Kind, n: usize) -> Result<Vec<u64>> {
-    if !matches!(kind, Kind::Echo | Kind::Relay) {
+pub(crate) fn pipe_round_trips(kind: PeerKind, n: usize) -> Result<Vec<u64>> {
+    if !matches!(kind, PeerKind::Echo | PeerKind::Relay) {
         bail!("pipe round trips go to an echo or a relay");
     }
     let mut p = Peer::start(kind)?;
     let mut m = [7u8; MSG];
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n + n / 10 {
-        let t = Instant::now();
-        p.round_trip(&mut m)?;
-        if i >= n / 10 {
-            out.push(t.elapsed().as_nanos() as u64);
-        }
-    }
-    Ok(out)
+    crate::micro::timed(n, || p.round_trip(&mut m))
 }

@@ -120,16 +120,20 @@ pub fn run(a: MicroArgs) -> Result<()> {
     if !a.no_floors {
         let other = *cpus.get(1).unwrap_or(&cpus[0]);
         progress("floor: raw 1 KB pipe ping-pong");
-        rows.push(Row::latency("pipe 1KB round trip", "same vCPU", pipe_pingpong(a.calls, cpus[0], cpus[0])?));
-        rows.push(Row::latency("pipe 1KB round trip", "across vCPUs", pipe_pingpong(a.calls, cpus[0], other)?));
+        rows.push(Row::latency(PIPE, SAME_VCPU, pipe_pingpong(a.calls, cpus[0], cpus[0])?));
+        rows.push(Row::latency(PIPE, "across vCPUs", pipe_pingpong(a.calls, cpus[0], other)?));
         progress("floor: 1 KB round trips to another process, and through a relay process, on one vCPU");
+        // The peers run where this process does when it starts them.
         sys::cpu::set_affinity(0, &cpus[..1])?;
-        let two = floor::pipe_round_trips(floor::Kind::Echo, a.calls);
-        let three = two.and_then(|two| Ok((two, floor::pipe_round_trips(floor::Kind::Relay, a.calls)?)));
+        let between_processes = || -> Result<_> {
+            let two = floor::pipe_round_trips(floor::PeerKind::Echo, a.calls)?;
+            Ok((two, floor::pipe_round_trips(floor::PeerKind::Relay, a.calls)?))
+        };
+        let measured = between_processes();
         sys::cpu::set_affinity(0, &cpus)?;
-        let (two, three) = three?;
-        rows.push(Row::latency("pipe 1KB round trip, two processes", "same vCPU", two));
-        rows.push(Row::latency("pipe 1KB via a relay process", "same vCPU", three));
+        let (two, relayed) = measured?;
+        rows.push(Row::latency(PIPE_PROCESSES, SAME_VCPU, two));
+        rows.push(Row::latency(PIPE_RELAY, SAME_VCPU, relayed));
         progress("message channel one-way latency");
         rows.push(Row::latency("channel one-way", "same vCPU", channel_one_way(a.calls, cpus[0], cpus[0])?));
         rows.push(Row::latency("channel one-way", "across vCPUs", channel_one_way(a.calls, cpus[0], other)?));
@@ -157,71 +161,99 @@ pub fn run(a: MicroArgs) -> Result<()> {
         );
     } else {
         print_table(&rows);
-        print_ratios(&rows);
+        let lines = ratio_lines(&rows, a.low_rate);
+        if !lines.is_empty() {
+            println!("\nratios to the floors measured in this run (same vCPU for the pipes):");
+            for l in lines {
+                println!("  {l}");
+            }
+        }
     }
     Ok(())
 }
 
+// Row names that `ratio_lines` looks up.
+const SAME_VCPU: &str = "same vCPU";
+const PIPE: &str = "pipe 1KB round trip";
+const PIPE_PROCESSES: &str = "pipe 1KB round trip, two processes";
+const PIPE_RELAY: &str = "pipe 1KB via a relay process";
+const PLAIN: &str = "plain HTTP keep-alive round trip";
+const PLAIN_PROCESS: &str = "plain HTTP, server process";
+const HTTP_RELAY: &str = "HTTP via a relay process";
+const LOW_STACCATO: &str = "C nop";
+const LOW_PLAIN: &str = "plain HTTP";
+const LOW_PLAIN_PROCESS: &str = "plain HTTP process";
+const LOW_RELAY: &str = "HTTP relay process";
+
+fn internal_row(label: &str) -> String {
+    format!("internal nop call, {label}")
+}
+
+fn external_row(label: &str) -> String {
+    format!("external nop call, {label}")
+}
+
+/// The low-load profile's row of `server`: a floor's, or (`LOW_STACCATO`)
+/// the C nop's.
+fn low_load_row(server: &str, rate: f64) -> String {
+    if server == LOW_STACCATO {
+        format!("external nop at {rate:.0}/s, open loop, C")
+    } else {
+        format!("{server} at {rate:.0}/s, open loop")
+    }
+}
+
 /// The ratios issue 14 sets targets for, each against the floor in one
 /// process (the issue's), between processes and through a relay process
-/// (BENCHMARKS.md, "The floors of the design"), for what this run measured.
-fn print_ratios(rows: &[Row]) {
+/// (BENCHMARKS.md, "The floors of the design"): a line per figure of
+/// Staccato's in `rows`, with the floors `rows` has.
+fn ratio_lines(rows: &[Row], low_rate: f64) -> Vec<String> {
     let p50 = |name: &str, mode: &str| {
-        rows.iter().find(|r| r.name == name && r.mode == mode && r.rate.is_none()).map(|r| r.pct_us(50.0))
+        rows.iter()
+            .find(|r| r.name == name && r.mode == mode && r.rate.is_none())
+            .map(|r| r.pct_us(50.0))
+            .filter(|v| v.is_finite() && *v > 0.0)
     };
     let mut lines = Vec::new();
-    let mut ratio = |what: &str, ours: Option<f64>, floors: [(&str, Option<f64>); 3]| {
+    let mut ratio = |what: String, ours: Option<f64>, floors: [(&str, Option<f64>); 3]| {
         let Some(ours) = ours else { return };
-        let parts: Vec<String> = floors
-            .iter()
-            .filter_map(|(label, f)| f.filter(|f| *f > 0.0).map(|f| format!("{:.2}x {label}", ours / f)))
-            .collect();
+        let parts: Vec<String> =
+            floors.iter().filter_map(|(label, f)| f.map(|f| format!("{:.2}x {label}", ours / f))).collect();
         if !parts.is_empty() {
-            lines.push(format!("  {what}: {}", parts.join(", ")));
+            lines.push(format!("{what}: {}", parts.join(", ")));
         }
     };
-    let low = rows
-        .iter()
-        .find(|r| r.name.starts_with("plain HTTP at "))
-        .map(|r| r.name["plain HTTP at ".len()..].to_string());
     for mode in ["pinned", "default"] {
         ratio(
-            &format!("internal C nop p50 ({mode})"),
-            p50("internal nop call, C", mode),
+            format!("internal C nop p50 ({mode})"),
+            p50(&internal_row("C"), mode),
             [
-                ("the pipe", p50("pipe 1KB round trip", "same vCPU")),
-                ("the pipe between processes", p50("pipe 1KB round trip, two processes", "same vCPU")),
-                ("the relay", p50("pipe 1KB via a relay process", "same vCPU")),
+                ("the pipe", p50(PIPE, SAME_VCPU)),
+                ("the pipe between processes", p50(PIPE_PROCESSES, SAME_VCPU)),
+                ("the relay", p50(PIPE_RELAY, SAME_VCPU)),
             ],
         );
         ratio(
-            &format!("external C nop p50 ({mode})"),
-            p50("external nop call, C", mode),
+            format!("external C nop p50 ({mode})"),
+            p50(&external_row("C"), mode),
             [
-                ("plain HTTP", p50("plain HTTP keep-alive round trip", mode)),
-                ("its server process", p50("plain HTTP, server process", mode)),
-                ("the relay", p50("HTTP via a relay process", mode)),
+                ("plain HTTP", p50(PLAIN, mode)),
+                ("its server process", p50(PLAIN_PROCESS, mode)),
+                ("the relay", p50(HTTP_RELAY, mode)),
             ],
         );
-        if let Some(low) = &low {
-            let rate = low.trim_end_matches(", open loop");
-            ratio(
-                &format!("C nop at {rate} p50 ({mode})"),
-                p50(&format!("external nop at {low}, C"), mode),
-                [
-                    ("plain HTTP", p50(&format!("plain HTTP at {low}"), mode)),
-                    ("its server process", p50(&format!("plain HTTP process at {low}"), mode)),
-                    ("the relay", p50(&format!("HTTP relay process at {low}"), mode)),
-                ],
-            );
-        }
+        let low = |server| p50(&low_load_row(server, low_rate), mode);
+        ratio(
+            format!("C nop at {low_rate:.0}/s p50 ({mode})"),
+            low(LOW_STACCATO),
+            [
+                ("plain HTTP", low(LOW_PLAIN)),
+                ("its server process", low(LOW_PLAIN_PROCESS)),
+                ("the relay", low(LOW_RELAY)),
+            ],
+        );
     }
-    if !lines.is_empty() {
-        println!("\nratios to the floors measured in this run (same vCPU for the pipes):");
-        for l in lines {
-            println!("{l}");
-        }
-    }
+    lines
 }
 
 /// Languages measured, in table order; each has `bench/functions/<lang>/`
@@ -232,11 +264,9 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
     eprintln!("[{mode}] starting staccato up");
     if !a.no_floors {
         eprintln!("  plain HTTP server round trip (floor for the external path)");
-        rows.push(Row::latency("plain HTTP keep-alive round trip", mode, plain_http(a.calls)?));
+        rows.push(Row::latency(PLAIN, mode, plain_http(a.calls)?));
         eprintln!("  plain HTTP server in its own process, and one relaying to a worker process");
-        for (kind, name) in
-            [(floor::Kind::Http, "plain HTTP, server process"), (floor::Kind::HttpRelay, "HTTP via a relay process")]
-        {
+        for (kind, name) in [(floor::PeerKind::Http, PLAIN_PROCESS), (floor::PeerKind::HttpRelay, HTTP_RELAY)] {
             let mut p = floor::Peer::start(kind)?;
             rows.push(Row::latency(name, mode, plain_http_client(p.http_addr()?, a.calls)?));
         }
@@ -251,23 +281,14 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
         let addr = l.local_addr()?;
         plain_http_server(l);
         let mut c = Client::new(&format!("http://{addr}"), None)?;
-        rows.push(Row::latency(
-            &format!("plain HTTP at {:.0}/s, open loop", a.low_rate),
-            mode,
-            paced(&mut c, "/", a.low_rate, low_n)?,
-        ));
+        rows.push(Row::latency(&low_load_row(LOW_PLAIN, a.low_rate), mode, paced(&mut c, "/", a.low_rate, low_n)?));
         if !a.no_floors {
             eprintln!("  the same, to a plain HTTP server process and to a relay");
-            for (kind, name) in
-                [(floor::Kind::Http, "plain HTTP process"), (floor::Kind::HttpRelay, "HTTP relay process")]
-            {
+            for (kind, name) in [(floor::PeerKind::Http, LOW_PLAIN_PROCESS), (floor::PeerKind::HttpRelay, LOW_RELAY)] {
                 let mut p = floor::Peer::start(kind)?;
                 let mut c = Client::new(&format!("http://{}", p.http_addr()?), None)?;
-                rows.push(Row::latency(
-                    &format!("{name} at {:.0}/s, open loop", a.low_rate),
-                    mode,
-                    paced(&mut c, "/", a.low_rate, low_n)?,
-                ));
+                let lat = paced(&mut c, "/", a.low_rate, low_n)?;
+                rows.push(Row::latency(&low_load_row(name, a.low_rate), mode, lat));
             }
         }
     }
@@ -290,19 +311,15 @@ fn run_mode(a: &MicroArgs, mode: &str, rows: &mut Vec<Row>) -> Result<()> {
         deployed.push((*lang, *label));
         let (nop, caller) = (format!("bench-nop-{lang}"), format!("bench-caller-{lang}"));
         eprintln!("  {label}: internal nop calls");
-        rows.push(Row::latency(
-            &format!("internal nop call, {label}"),
-            mode,
-            internal(&mut c, &caller, &nop, a.calls)?,
-        ));
+        rows.push(Row::latency(&internal_row(label), mode, internal(&mut c, &caller, &nop, a.calls)?));
         eprintln!("  {label}: external nop calls, one keep-alive connection");
-        rows.push(Row::latency(&format!("external nop call, {label}"), mode, external(&mut calls, &nop, a.calls)?));
+        rows.push(Row::latency(&external_row(label), mode, external(&mut calls, &nop, a.calls)?));
         rows.push(Row::latency(&format!("worker ready, {label}"), mode, worker_ready(&mut c, lang, &nop)?));
     }
     if low_n > 0 && deployed.iter().any(|(l, _)| *l == "c") {
         eprintln!("  C nop at {:.0} calls/s, {:.0} s (the low-load profile)", a.low_rate, a.low_load_s);
         rows.push(Row::latency(
-            &format!("external nop at {:.0}/s, open loop, C", a.low_rate),
+            &low_load_row(LOW_STACCATO, a.low_rate),
             mode,
             paced(&mut calls, "/function/bench-nop-c", a.low_rate, low_n)?,
         ));
@@ -408,30 +425,18 @@ fn pipe_pingpong(n: usize, cpu_a: usize, cpu_b: usize) -> Result<Vec<u64>> {
     let saved = sys::cpu::cpus_allowed();
     let (r1, w1) = sys::pipe::pipe()?;
     let (r2, w2) = sys::pipe::pipe()?;
-    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+    let echo = std::thread::spawn(move || -> Result<()> {
         sys::cpu::set_affinity(0, &[cpu_b])?;
-        let mut buf = [0u8; 1024];
-        let (mut r1, mut w2) = (r1, w2);
-        loop {
-            if r1.read(&mut buf)? == 0 {
-                return Ok(());
-            }
-            w2.write_all(&buf)?;
-        }
+        floor::echo(r1, w2)
     });
     sys::cpu::set_affinity(0, &[cpu_a])?;
     let (mut w1, mut r2) = (w1, r2);
     let buf = [7u8; 1024];
     let mut back = [0u8; 1024];
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n + n / 10 {
-        let t = Instant::now();
+    let out = timed(n, || {
         w1.write_all(&buf)?;
-        r2.read_exact(&mut back)?;
-        if i >= n / 10 {
-            out.push(t.elapsed().as_nanos() as u64);
-        }
-    }
+        Ok(r2.read_exact(&mut back)?)
+    })?;
     drop(w1);
     echo.join().map_err(|_| anyhow!("echo thread panicked"))??;
     sys::cpu::set_affinity(0, &saved)?;
@@ -550,13 +555,20 @@ pub(crate) fn hyper_nop_server(l: TcpListener) -> Result<()> {
 /// `n` timed round trips to a [`plain_http_server`] (after n/10 untimed).
 pub(crate) fn plain_http_client(addr: SocketAddr, n: usize) -> Result<Vec<u64>> {
     let mut c = Client::new(&format!("http://{addr}"), None)?;
+    timed(n, || Ok(c.request("POST", "/", b"").map(drop)?))
+}
+
+/// Runs `step` n/10 times untimed, then `n` times timed: each run's
+/// nanoseconds.
+pub(crate) fn timed(n: usize, mut step: impl FnMut() -> Result<()>) -> Result<Vec<u64>> {
+    for _ in 0..n / 10 {
+        step()?;
+    }
     let mut out = Vec::with_capacity(n);
-    for i in 0..n + n / 10 {
+    for _ in 0..n {
         let t = Instant::now();
-        c.request("POST", "/", b"")?;
-        if i >= n / 10 {
-            out.push(t.elapsed().as_nanos() as u64);
-        }
+        step()?;
+        out.push(t.elapsed().as_nanos() as u64);
     }
     Ok(out)
 }
@@ -778,4 +790,47 @@ pub(crate) fn throughput_marked(
         h.join().map_err(|_| anyhow!("load thread panicked"))??;
     }
     Ok(Rate { count, per_s: count as f64 / el })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lat(name: &str, mode: &str, us: u64) -> Row {
+        Row::latency(name, mode, vec![us * 1000; 3])
+    }
+
+    #[test]
+    fn ratio_lines_divide_each_figure_by_the_floors_measured_in_the_run() {
+        let rows = vec![
+            lat(PIPE, SAME_VCPU, 2),
+            lat(PIPE_PROCESSES, SAME_VCPU, 4),
+            lat(PIPE_RELAY, SAME_VCPU, 5),
+            lat(&internal_row("C"), "pinned", 10),
+            lat(PLAIN, "pinned", 5),
+            lat(PLAIN_PROCESS, "pinned", 8),
+            lat(HTTP_RELAY, "pinned", 10),
+            lat(&external_row("C"), "pinned", 20),
+            lat(&low_load_row(LOW_PLAIN, 100.0), "pinned", 10),
+            lat(&low_load_row(LOW_STACCATO, 100.0), "pinned", 25),
+            // No samples, or a rate: no figure, no floor.
+            Row::latency(&external_row("C"), "default", vec![]),
+            Row::rate(PLAIN, "default", 1.0),
+        ];
+        assert_eq!(
+            ratio_lines(&rows, 100.0),
+            [
+                "internal C nop p50 (pinned): 5.00x the pipe, 2.50x the pipe between processes, 2.00x the relay",
+                "external C nop p50 (pinned): 4.00x plain HTTP, 2.50x its server process, 2.00x the relay",
+                "C nop at 100/s p50 (pinned): 2.50x plain HTTP",
+            ]
+        );
+    }
+
+    #[test]
+    fn low_load_rows_keep_their_names() {
+        assert_eq!(low_load_row(LOW_PLAIN, 100.0), "plain HTTP at 100/s, open loop");
+        assert_eq!(low_load_row(LOW_RELAY, 100.0), "HTTP relay process at 100/s, open loop");
+        assert_eq!(low_load_row(LOW_STACCATO, 100.0), "external nop at 100/s, open loop, C");
+    }
 }
