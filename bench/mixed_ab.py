@@ -19,13 +19,15 @@ own, and is stopped after its run; runs go to bench-results/mixed-ab-*/.
 generator (the first variant's binary), sent to a plain C HTTP server
 (bench/ab-client/plain.c, one epoll thread answering every path 200) in
 each round: what this machine and load generator give a server that does
-nothing, the floor of the C nop's p50 and p99."""
+nothing, the floor of the C nop's p50 and p99. One plain server serves
+every round (each Staccato variant is started afresh for each)."""
 import argparse
 import contextlib
 import csv
 import json
 import math
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -62,9 +64,16 @@ def plain_server():
         port = up.free_port()
         proc = subprocess.Popen([str(exe), str(port)])
         try:
-            time.sleep(0.2)
-            if proc.poll() is not None:
-                sys.exit(f"the plain server did not start (exit {proc.returncode})")
+            for _ in range(100):
+                if proc.poll() is not None:
+                    sys.exit(f"the plain server did not start (exit {proc.returncode})")
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+            else:
+                sys.exit(f"the plain server does not listen on {port}")
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.kill()
