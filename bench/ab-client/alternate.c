@@ -11,34 +11,12 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <math.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define MAXS 8
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-/* Nearest rank (as `staccato bench run` reports): the smallest value with
- * at least per_mille/1000 of the sorted samples at or below it. */
-static double rank(const double *sorted, int n, int per_mille) {
-    long r = ((long)n * per_mille + 999) / 1000; /* ceil */
-    return sorted[r < 1 ? 0 : r - 1];
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* Reads one response (head + Content-Length body). */
 static int read_response(int fd, char *buf, size_t cap) {
@@ -94,7 +72,7 @@ int main(int argc, char **argv) {
         }
     }
     for (int i = 0; i < ns; i++) {
-        qsort(lat[i], calls, sizeof(double), cmp);
+        qsort(lat[i], calls, sizeof(double), cmp_double);
         printf("%-28s p50 %7.1f  p90 %7.1f  p99 %7.1f  p99.9 %7.1f  n %d\n", argv[i + 2], rank(lat[i], calls, 500),
                rank(lat[i], calls, 900), rank(lat[i], calls, 990), rank(lat[i], calls, 999), calls);
     }

@@ -5,25 +5,14 @@
  *
  *   plain PORT
  */
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
 #include <unistd.h>
+
+#include "common.h"
 
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: plain PORT\n"); return 2; }
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((unsigned short)atoi(argv[1]))};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 128)) { perror("bind"); return 1; }
-    int ep = epoll_create1(0);
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
-    epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
+    int ep, l = listen_loopback(atoi(argv[1]), &ep);
     static const char resp[] = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
     static char buf[65536];
     for (;;) {
@@ -32,11 +21,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;
             if (fd == l) {
-                int c = accept(l, NULL, NULL);
-                if (c < 0) continue;
-                setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                struct epoll_event e = {.events = EPOLLIN, .data.fd = c};
-                epoll_ctl(ep, EPOLL_CTL_ADD, c, &e);
+                accept_into(l, ep);
                 continue;
             }
             ssize_t r = read(fd, buf, sizeof buf - 1);

@@ -23,30 +23,14 @@
  * multiplexing relay can do. Pin with taskset to compare on one vCPU.
  */
 #define _GNU_SOURCE
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define MSG 64
-
-static double now_us(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static int full(ssize_t r) { return r == MSG; }
 
@@ -80,15 +64,8 @@ static void spawn_echo(int *to, int *from) {
 static int http(int port) {
     int to_worker, from_worker;
     spawn_echo(&to_worker, &from_worker);
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((unsigned short)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 128)) { perror("bind"); return 1; }
-    int ep = epoll_create1(0);
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = l};
-    epoll_ctl(ep, EPOLL_CTL_ADD, l, &ev);
-    ev.data.fd = from_worker;
+    int ep, l = listen_loopback(port, &ep);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = from_worker};
     epoll_ctl(ep, EPOLL_CTL_ADD, from_worker, &ev);
     static const char resp[] = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
     static char buf[65536];
@@ -100,11 +77,7 @@ static int http(int port) {
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;
             if (fd == l) {
-                int c = accept(l, NULL, NULL);
-                if (c < 0) continue;
-                setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                struct epoll_event e = {.events = EPOLLIN, .data.fd = c};
-                epoll_ctl(ep, EPOLL_CTL_ADD, c, &e);
+                accept_into(l, ep);
             } else if (fd == from_worker) {
                 char m[MSG];
                 if (!full(read(from_worker, m, MSG))) return 1;
@@ -154,12 +127,6 @@ static void pipe_relay(int from_caller, int to_caller) {
     }
 }
 
-/* Nearest rank, as `alternate` and `staccato bench run` report. */
-static double rank(const double *sorted, int n, int per_mille) {
-    long r = ((long)n * per_mille + 999) / 1000;
-    return sorted[r < 1 ? 0 : r - 1];
-}
-
 static int pipes(int calls) {
     int a[2], b[2];
     if (pipe(a) || pipe(b)) { perror("pipe"); return 1; }
@@ -187,8 +154,8 @@ static int pipes(int calls) {
             direct[i] = t2 - t1;
         }
     }
-    qsort(via, calls, sizeof(double), cmp);
-    qsort(direct, calls, sizeof(double), cmp);
+    qsort(via, calls, sizeof(double), cmp_double);
+    qsort(direct, calls, sizeof(double), cmp_double);
     printf("through a relay process  p50 %6.2f  p99 %6.2f  n %d\n", rank(via, calls, 500), rank(via, calls, 990), calls);
     printf("direct (two processes)   p50 %6.2f  p99 %6.2f  n %d\n", rank(direct, calls, 500), rank(direct, calls, 990),
            calls);
